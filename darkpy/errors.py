@@ -1,0 +1,51 @@
+"""darkpy's error types.
+
+Every error a user can cause is a `DarkpyError`: the CLI prints its message on one line and exits
+non-zero, without a traceback. The message always names the place (file, line, section, key) and,
+where one exists, the fix.
+"""
+from __future__ import annotations
+
+
+class DarkpyError(Exception):
+    """Base class of every error darkpy reports to a user."""
+
+
+class CfgError(DarkpyError):
+    """A problem in a .cfg/.yaml network file, located as `file:line [section #i type] key: message`.
+
+    `index` is the layer index (-1 for `[net]`, None when the problem is not in one section).
+    """
+
+    def __init__(self, message: str, file: str | None = None, line: int | None = None,
+                 index: int | None = None, kind: str | None = None, key: str | None = None):
+        self.message = message
+        self.file, self.line, self.index, self.kind, self.key = file, line, index, kind, key
+        super().__init__(self.format())
+
+    def format(self) -> str:
+        where = ""
+        if self.file is not None:
+            where = f"{self.file}:{self.line}" if self.line else str(self.file)
+        if self.kind is not None:
+            sec = "net" if self.index is None or self.index < 0 else f"section #{self.index}"
+            where += f" [{sec} {self.kind}]" if sec != "net" else f" [{self.kind}]"
+        if self.key:
+            where += f" {self.key}"
+        return f"{where.strip()}: {self.message}" if where.strip() else self.message
+
+
+class WeightsError(DarkpyError):
+    """A .weights file that does not fit the network (size, header) or cannot be read."""
+
+
+class DataError(DarkpyError):
+    """A problem with a .data file, list file, label file or image."""
+
+
+class StateError(DarkpyError):
+    """The network was used out of order (e.g. backward without a training forward with truth)."""
+
+
+class TrainingError(DarkpyError):
+    """Training cannot go on (e.g. a NaN or infinite loss)."""

@@ -1,0 +1,17 @@
+"""Kernels shared by more than one layer family.
+
+Every kernel is an `@jit` function on arrays and scalars only, outputs first, with the shape of each
+array argument in a comment. `jit` is the one place compile flags live. Kernels are dtype-generic:
+the same source runs in float32 for real work and float64 for gradient checks (numba compiles one
+specialisation per dtype, cached on disk).
+"""
+from __future__ import annotations
+
+import functools
+
+import numba
+
+#: Serial kernel: cached on disk, releases the GIL (so the data loader thread can run beside it).
+jit = functools.partial(numba.njit, cache=True, nogil=True)
+#: Parallel kernel: as `jit`, with `prange` loops spread over numba's thread pool.
+pjit = functools.partial(numba.njit, cache=True, nogil=True, parallel=True)

@@ -1,0 +1,192 @@
+"""Darknet activations (spec §4): forward in place, gradient applied to a delta in place.
+
+Darknet evaluates most gradients from the layer's OUTPUT y = f(x); darkpy does the same (it is exact
+for every monotone activation here). The activations whose derivative cannot be written in terms of
+y (swish, mish, hard_mish, gelu) take the pre-activation input x instead: a layer keeps a copy of x
+only for those (`needs_input(code)`).
+
+Differences from Darknet, on purpose (README "Differences from Darknet"):
+- tanh uses a form that does not overflow (Darknet's CPU (e^{2x}-1)/(e^{2x}+1) is NaN for x > ~44).
+- relu6 is computed (Darknet's CPU path has no case for it and returns 0).
+- gelu's gradient is the true derivative at x (the fork applies its formula to the output).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from numba import prange
+
+from . import jit, pjit
+
+NAMES = ("logistic", "relu", "relie", "linear", "ramp", "tanh", "plse", "leaky", "elu", "loggy",
+         "stair", "hardtan", "lhtan", "selu", "swish", "mish", "hard_mish", "gelu", "relu6", "revleaky")
+CODES = {name: i for i, name in enumerate(NAMES)}
+LOGISTIC, RELU, RELIE, LINEAR, RAMP, TANH, PLSE, LEAKY, ELU, LOGGY, STAIR, HARDTAN, LHTAN, SELU, \
+    SWISH, MISH, HARD_MISH, GELU, RELU6, REVLEAKY = range(len(NAMES))
+_NEEDS_INPUT = (SWISH, MISH, HARD_MISH, GELU)
+
+
+def code(name: str) -> int:
+    return CODES[name]
+
+
+def needs_input(act: int) -> bool:
+    """True when the gradient needs the pre-activation input (the layer must keep a copy)."""
+    return act in _NEEDS_INPUT
+
+
+@jit
+def _act(x, a):
+    if a == LINEAR:
+        return x
+    if a == LEAKY or a == REVLEAKY:
+        return x if x > 0 else 0.1 * x
+    if a == RELU:
+        return x if x > 0 else 0.0 * x
+    if a == LOGISTIC:
+        return 1.0 / (1.0 + math.exp(-x))
+    if a == RELIE:
+        return x if x > 0 else 0.01 * x
+    if a == RAMP:
+        return (x if x > 0 else 0.0 * x) + 0.1 * x
+    if a == TANH:
+        return math.tanh(x)
+    if a == PLSE:
+        if x < -4:
+            return 0.01 * (x + 4)
+        if x > 4:
+            return 0.01 * (x - 4) + 1
+        return 0.125 * x + 0.5
+    if a == ELU:
+        return x if x >= 0 else math.exp(x) - 1
+    if a == LOGGY:
+        return 2.0 / (1.0 + math.exp(-x)) - 1
+    if a == STAIR:
+        n = math.floor(x)
+        if n % 2 == 0:
+            return math.floor(x / 2)
+        return (x - n) + math.floor(x / 2)
+    if a == HARDTAN:
+        if x < -1:
+            return -1.0 + 0.0 * x
+        if x > 1:
+            return 1.0 + 0.0 * x
+        return x
+    if a == LHTAN:
+        if x < 0:
+            return 0.001 * x
+        if x > 1:
+            return 0.001 * (x - 1) + 1
+        return x
+    if a == SELU:
+        return 1.0507 * x if x >= 0 else 1.0507 * 1.6732 * (math.exp(x) - 1)
+    if a == SWISH:
+        return x / (1.0 + math.exp(-x))
+    if a == MISH:
+        return x * math.tanh(_softplus(x))
+    if a == HARD_MISH:
+        if x > 0:
+            return x
+        if x > -2:
+            return x * x / 2 + x
+        return 0.0 * x
+    if a == GELU:
+        return 0.5 * x * (1 + math.tanh(0.797885 * x + 0.035677 * x * x * x))
+    if a == RELU6:
+        return min(max(x, 0.0 * x), 6.0 + 0.0 * x)
+    return x
+
+
+@jit
+def _softplus(x):
+    if x > 20:
+        return x
+    if x < -20:
+        return math.exp(x)
+    return math.log1p(math.exp(x))
+
+
+@jit
+def _grad(y, x, a):
+    """d f / d x, from the output y (and the input x for the activations that need it)."""
+    if a == LINEAR:
+        return 1.0
+    if a == LEAKY or a == REVLEAKY:
+        return 1.0 if y > 0 else 0.1
+    if a == RELU:
+        return 1.0 if y > 0 else 0.0
+    if a == LOGISTIC:
+        return y * (1 - y)
+    if a == RELIE:
+        return 1.0 if y > 0 else 0.01
+    if a == RAMP:
+        return (1.0 if y > 0 else 0.0) + 0.1
+    if a == TANH:
+        return 1 - y * y
+    if a == PLSE:
+        return 0.01 if (y < 0 or y > 1) else 0.125
+    if a == ELU:
+        return 1.0 if y >= 0 else y + 1
+    if a == LOGGY:
+        u = (y + 1) / 2
+        return 2 * u * (1 - u)
+    if a == STAIR:
+        return 0.0 if math.floor(y) == y else 1.0
+    if a == HARDTAN:
+        return 1.0 if (y > -1 and y < 1) else 0.0
+    if a == LHTAN:
+        return 1.0 if (y > 0 and y < 1) else 0.001
+    if a == SELU:
+        return 1.0507 if y >= 0 else y + 1.0507 * 1.6732
+    if a == SWISH:
+        s = 1.0 / (1.0 + math.exp(-x))
+        return s + x * s * (1 - s)
+    if a == MISH:
+        sp = _softplus(x)
+        t = math.tanh(sp)
+        return t + x * (1 - t * t) * (1 - math.exp(-sp))
+    if a == HARD_MISH:
+        if x > 0:
+            return 1.0
+        if x > -2:
+            return x + 1
+        return 0.0
+    if a == GELU:
+        u = 0.797885 * x + 0.035677 * x * x * x
+        t = math.tanh(u)
+        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * (0.797885 + 3 * 0.035677 * x * x)
+    if a == RELU6:
+        return 1.0 if (x > 0 and x < 6) else 0.0
+    return 1.0
+
+
+@pjit
+def activate(x, a):
+    """x: (n,) flat, any float dtype; x[i] = f(x[i]) in place."""
+    if a == LINEAR:
+        return
+    for i in prange(x.shape[0]):
+        x[i] = _act(x[i], a)
+
+
+@pjit
+def gradient(delta, y, x, a):
+    """delta, y: (n,); x: (n,) pre-activation (read only for swish/mish/hard_mish/gelu, else any
+    array). delta[i] *= f'(x[i]), in place."""
+    if a == LINEAR:
+        return
+    for i in prange(delta.shape[0]):
+        delta[i] *= _grad(y[i], x[i], a)
+
+
+def activate_array(x: np.ndarray, act: int) -> None:
+    """Apply activation `act` in place to an array of any shape (must be C-contiguous)."""
+    activate(x.reshape(-1), act)
+
+
+def gradient_array(delta: np.ndarray, y: np.ndarray, act: int, x: np.ndarray | None = None) -> None:
+    """Multiply `delta` in place by the activation's derivative (any shape, C-contiguous)."""
+    d = delta.reshape(-1)
+    gradient(d, y.reshape(-1), d if x is None else x.reshape(-1), act)

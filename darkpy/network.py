@@ -1,0 +1,447 @@
+"""The network: `[net]` settings, layer construction through the registry, and the state rules.
+
+State rules (DESIGN §4), each enforced here and tested:
+1. Truth before backward: `backward()` raises unless the last `forward()` was a training forward with
+   truth, on the current batch and shape. A forward without truth leaves every cost layer with
+   `cost is None` and a zeroed `loss`.
+2. Deltas are zeroed at each forward (before any layer runs) and accumulate (+=) in backward, so an
+   output consumed twice (route, shortcut) receives the sum of both paths.
+3. Parameter gradients accumulate across `subdivisions` mini-batches; `update()` consumes them.
+4. `resize()` and `set_batch()` reallocate every buffer and invalidate the truth flag.
+5. Cost is reported as Darknet's sum (`cost`, mean over cost layers as Darknet does) and per element
+   (`cost_mean`), so runs with different batch sizes compare.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from . import layers as _layers  # noqa: F401  (registers every layer family)
+from .cfg import CfgDocument, CfgWarning, Section, load_cfg, parse_cfg
+from .errors import CfgError, StateError
+from .layers.base import REGISTRY, Layer, State, is_image, numel
+from .optim import current_rate, update_params
+
+POLICIES = ("constant", "step", "steps", "exp", "poly", "random", "sigmoid", "sgdr")
+
+# [net] keys darknet (either repo) reads; anything else is warned about (darknet never checks [net]).
+KNOWN_NET_KEYS = frozenset("""
+batch subdivisions time_steps width height channels inputs learning_rate momentum decay policy burn_in
+power step scale steps scales gamma max_batches adam B1 B2 eps max_crop min_crop max_ratio min_ratio angle
+aspect saturation exposure hue center clip random notruth seen learning_rate_min sgdr_cycle sgdr_mult
+sequential_subdivisions seq_scales track augment_speed try_fix_nan weights_reject_freq equidistant_point
+badlabels_rejection_percentage num_sigmas_reject_badlabels ema_alpha use_cuda_graph loss_scale
+dynamic_minibatch optimized_memory workspace_size_limit_MB flip blur gaussian_noise mixup cutmix mosaic
+letter_box mosaic_bound contrastive contrastive_jit_flip contrastive_color unsupervised label_smooth_eps
+resize_step attention adversarial_lr max_chart_loss show_receptive_field max_epochs
+""".split())
+
+
+@dataclass
+class NetConfig:
+    """The `[net]` section, typed (spec §3). `batch` here is the cfg's full batch per update."""
+
+    batch: int = 1
+    subdivisions: int = 1
+    time_steps: int = 1
+    width: int = 0
+    height: int = 0
+    channels: int = 0
+    inputs: int = 0
+    learning_rate: float = 0.001
+    momentum: float = 0.9
+    decay: float = 0.0001
+    policy: str = "constant"
+    burn_in: int = 0
+    power: float = 4.0
+    step: int = 1
+    scale: float = 1.0
+    steps: list[int] = field(default_factory=list)
+    scales: list[float] = field(default_factory=list)
+    gamma: float = 1.0
+    max_batches: int = 0
+    adam: bool = False
+    B1: float = 0.9
+    B2: float = 0.999
+    eps: float = 1e-7
+    learning_rate_min: float = 1e-5
+    sgdr_cycle: int = 0
+    sgdr_mult: int = 2
+    # classifier augmentation
+    max_crop: int = 0
+    min_crop: int = 0
+    max_ratio: float = 0.0
+    min_ratio: float = 0.0
+    angle: float = 0.0
+    aspect: float = 1.0
+    saturation: float = 1.0
+    exposure: float = 1.0
+    hue: float = 0.0
+    center: int = 0
+    flip: int = 1
+    random: int = 0
+    clip: float = 0.0
+    seen: int = 0
+
+    @property
+    def minibatch(self) -> int:
+        """Rows per forward pass: batch/subdivisions, times time_steps (Darknet's net.batch)."""
+        return max(self.batch // self.subdivisions, 1) * self.time_steps
+
+    @property
+    def full_batch(self) -> int:
+        """B of the update rule: minibatch · subdivisions."""
+        return self.minibatch * self.subdivisions
+
+    @classmethod
+    def from_section(cls, sec: Section) -> "NetConfig":
+        c = cls()
+        for key in ("batch", "subdivisions", "time_steps", "width", "height", "channels", "inputs",
+                    "burn_in", "step", "max_batches", "max_crop", "min_crop", "center", "random",
+                    "sgdr_cycle", "sgdr_mult", "flip"):
+            setattr(c, key, sec.get_int(key, getattr(c, key)))
+        for key in ("learning_rate", "momentum", "decay", "power", "scale", "gamma", "B1", "B2", "eps",
+                    "angle", "aspect", "saturation", "exposure", "hue", "clip", "learning_rate_min",
+                    "max_ratio", "min_ratio"):
+            setattr(c, key, sec.get_float(key, getattr(c, key)))
+        c.adam = sec.get_bool("adam", False)
+        c.policy = sec.get_choice("policy", POLICIES, "constant")
+        for key, lo in (("batch", 1), ("subdivisions", 1), ("time_steps", 1)):
+            if getattr(c, key) < lo:
+                raise sec.error(f"must be >= {lo} (got {getattr(c, key)})", key)
+        if c.batch % c.subdivisions:
+            sec.warn(f"batch={c.batch} is not a multiple of subdivisions={c.subdivisions}; "
+                     f"each pass uses {c.batch // c.subdivisions or 1} images", "subdivisions")
+        if c.policy == "steps":
+            c.steps = sec.get_int_list("steps")
+            c.scales = sec.get_float_list("scales", [1.0] * len(c.steps))
+            if len(c.scales) != len(c.steps):
+                raise sec.error(f"needs as many values as steps (got {len(c.scales)}, expected "
+                                f"{len(c.steps)})", "scales")
+        else:
+            for key in ("steps", "scales"):
+                if sec.has(key):
+                    sec.raw(key)  # read, so `cfg check` does not call them unknown
+        if c.inputs == 0:
+            if c.width <= 0 or c.height <= 0 or c.channels <= 0:
+                missing = [k for k in ("width", "height", "channels") if getattr(c, k) <= 0]
+                raise sec.error(f"no input size: set width, height and channels (or inputs); "
+                                f"missing {', '.join(missing)}", missing[0])
+            c.inputs = c.width * c.height * c.channels
+        c.min_crop = c.min_crop or c.width
+        c.max_crop = c.max_crop or 2 * c.width
+        c.min_ratio = c.min_ratio or (c.min_crop / c.width if c.width else 1.0)
+        c.max_ratio = c.max_ratio or (c.max_crop / c.width if c.width else 1.0)
+        for key, opt in sec.options.items():
+            if key not in KNOWN_NET_KEYS:
+                sec.warn(f"unknown [net] key (value {opt.value!r}); darknet ignores it", key)
+            opt.used = True
+        return c
+
+    @property
+    def input_shape(self) -> tuple:
+        if self.width and self.height and self.channels and self.width * self.height * self.channels == self.inputs:
+            return (self.channels, self.height, self.width)
+        return (self.inputs,)
+
+
+@dataclass
+class BuildContext:
+    """What a layer's `from_cfg` may look at: the net settings and the layers built so far."""
+
+    net: NetConfig
+    layers: list[Layer]
+    index: int
+    dtype: np.dtype
+    file: str = "<cfg>"
+
+    def ref(self, sec: Section, key: str, value: int) -> int:
+        """Resolve a layer reference (negative = relative to this layer) to an absolute index."""
+        idx = self.index + value if value < 0 else value
+        if not 0 <= idx < self.index:
+            raise sec.error(f"layer reference {value} points to layer {idx}, outside 0..{self.index - 1}", key)
+        return idx
+
+
+def build_layers(doc: CfgDocument, dtype=np.float32) -> tuple[NetConfig, list[Layer]]:
+    net = NetConfig.from_section(doc.net)
+    layers: list[Layer] = []
+    shape = net.input_shape
+    for sec in doc.layers:
+        cls = REGISTRY.get(sec.kind)
+        if cls is None:
+            raise sec.error(_unknown_section_message(sec.kind))
+        ctx = BuildContext(net, layers, sec.index, np.dtype(dtype), doc.file)
+        if cls.needs_image and not is_image(shape):
+            raise sec.error(f"the layer before [{sec.kind}] must output an image (got a flat vector of "
+                            f"{numel(shape)} values)")
+        layer = cls.from_cfg(sec, shape, ctx)
+        layer.section = sec
+        layer.lr_scale = sec.get_float("learning_rate", 1.0)
+        layer.stopbackward = sec.get_bool("stopbackward", False)
+        layer.dontload = sec.get_bool("dontload", False)
+        layer.dontsave = sec.get_bool("dontsave", False)
+        for key in ("onlyforward", "dont_update", "burnin_update", "train_only_bn", "dontloadscales",
+                    "truth", "numload", "smooth", "clip", "stream", "wait_stream"):
+            if sec.has(key):
+                sec.raw(key)
+        sec.warn_unused()
+        layers.append(layer)
+        shape = layer.out_shape
+    if not layers:
+        raise doc.net.error("the network has no layers after [net]")
+    return net, layers
+
+
+def _unknown_section_message(kind: str) -> str:
+    import difflib
+
+    from .layers import UNSUPPORTED
+
+    if kind in UNSUPPORTED:
+        return f"section [{kind}] is not supported by darkpy yet ({UNSUPPORTED[kind]})"
+    hint = difflib.get_close_matches(kind, list(REGISTRY) + list(UNSUPPORTED), n=1)
+    tip = f"; did you mean [{hint[0]}]?" if hint else ""
+    return f"unknown section [{kind}]{tip}"
+
+
+class Network:
+    """A Darknet network with preallocated buffers. See the module docstring for the state rules."""
+
+    def __init__(self, doc: CfgDocument, batch: int | None = None, dtype=np.float32, seed: int | None = 0):
+        self.doc = doc
+        self.file = doc.file
+        self.dtype = np.dtype(dtype)
+        self.config, self.layers = build_layers(doc, self.dtype)
+        self.seen = 0
+        self.updates = 0                    # number of update() calls (Adam's t, lr schedule)
+        self.rng = np.random.default_rng(seed)
+        self.cost: float | None = None
+        self.cost_mean: float | None = None
+        self._input_shape = self.config.input_shape
+        self._ready_for_backward = False
+        self._deltas_dirty = True
+        self.input: np.ndarray | None = None
+        self.truth: np.ndarray | None = None
+        init_weights(self, np.random.default_rng(seed))
+        self.allocate(batch or self.config.minibatch)
+
+    # -- sizes -----------------------------------------------------------------------------------
+    @property
+    def batch(self) -> int:
+        return self.layers[0].batch
+
+    @property
+    def input_shape(self) -> tuple:
+        return self._input_shape
+
+    @property
+    def width(self) -> int:
+        return self._input_shape[2] if len(self._input_shape) == 3 else 0
+
+    @property
+    def height(self) -> int:
+        return self._input_shape[1] if len(self._input_shape) == 3 else 0
+
+    @property
+    def output_layer(self) -> Layer:
+        """The last layer that is not a trailing [cost] (Darknet's get_network_output_layer)."""
+        for layer in reversed(self.layers):
+            if layer.kind != "cost":
+                return layer
+        return self.layers[-1]
+
+    @property
+    def output(self) -> np.ndarray:
+        return self.output_layer.output
+
+    @property
+    def truths(self) -> int:
+        """Truth values per item: the last layer's own count (yolo: max·5) or the output size."""
+        t = self.layers[-1].truths
+        return t if t else self.output_layer.outputs
+
+    # -- allocation ------------------------------------------------------------------------------
+    def allocate(self, batch: int) -> None:
+        if batch < 1:
+            raise StateError(f"batch must be >= 1 (got {batch})")
+        for layer in self.layers:
+            layer.allocate(batch)
+        self.input = np.zeros((batch, *self._input_shape), self.dtype)
+        self.truth = np.zeros((batch, self.truths), self.dtype)
+        self._ready_for_backward = False
+        self._deltas_dirty = False
+        self.cost = self.cost_mean = None
+
+    def set_batch(self, batch: int) -> None:
+        """Change the rows per forward pass; reallocates every buffer (DESIGN §4 rule 4)."""
+        self.allocate(batch)
+
+    def resize(self, w: int, h: int) -> None:
+        """Change the input width/height; recomputes every shape and reallocates every buffer."""
+        if len(self._input_shape) != 3:
+            raise StateError("cannot resize a network whose input is a flat vector")
+        shape = (self._input_shape[0], h, w)
+        new_input = shape
+        for layer in self.layers:
+            if layer.in_shape != shape:
+                layer.resize(shape)
+            shape = layer.out_shape
+        self._input_shape = new_input
+        self.allocate(self.batch)
+
+    # -- compute ---------------------------------------------------------------------------------
+    def _state(self, x, truth, train) -> State:
+        return State(input=x, delta=None, truth=truth, train=train, layers=self.layers,
+                     seen=self.seen, rng=self.rng, net=self)
+
+    def forward(self, x: np.ndarray, truth: np.ndarray | None = None, train: bool = False) -> np.ndarray:
+        """Run every layer. Returns the output layer's buffer (a view: copy it to keep it)."""
+        x = np.asarray(x)
+        n = x.shape[0] if x.ndim > 1 else 1
+        if n != self.batch:
+            raise StateError(f"input has {n} rows but the network batch is {self.batch}; "
+                             f"call set_batch({n}) first")
+        if x.size != n * numel(self._input_shape):
+            raise StateError(f"input has {x.size // max(n, 1)} values per item, the network expects "
+                             f"{numel(self._input_shape)} {self._input_shape}")
+        np.copyto(self.input, x.reshape(self.input.shape), casting="same_kind")
+        if truth is not None:
+            truth = np.asarray(truth)
+            if truth.size != self.truth.size:
+                raise StateError(f"truth has {truth.size // n} values per item, the network expects "
+                                 f"{self.truths}")
+            np.copyto(self.truth, truth.reshape(self.truth.shape), casting="same_kind")
+        t = self.truth if truth is not None else None
+        if self._deltas_dirty:
+            for layer in self.layers:
+                layer.delta.fill(0)
+        self._deltas_dirty = train
+        if train:
+            self.seen += self.batch
+        s = self._state(self.input, t, train)
+        for layer in self.layers:
+            layer.forward(s)
+            if layer.has_cost and t is None:
+                layer.clear_cost()
+            s.input = layer.output
+        self._ready_for_backward = train and truth is not None
+        self._compute_cost()
+        return self.output
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Inference on `x` (N, C, H, W) or (N, inputs) in [0, 1]; returns a copy of the output."""
+        x = np.asarray(x, dtype=self.dtype)
+        if x.ndim == len(self._input_shape):
+            x = x[None]
+        if x.shape[0] != self.batch:
+            self.set_batch(x.shape[0])
+        return self.forward(x, None, train=False).copy()
+
+    def _compute_cost(self) -> None:
+        costs = [(l.cost, l.batch * l.outputs) for l in self.layers if l.has_cost and l.cost is not None]
+        if not costs:
+            self.cost = self.cost_mean = None
+            return
+        self.cost = float(sum(c for c, _ in costs) / len(costs))
+        self.cost_mean = float(sum(c / n for c, n in costs) / len(costs))
+
+    def backward(self) -> None:
+        if not self._ready_for_backward:
+            raise StateError("backward() needs a training forward with truth first: "
+                             "call forward(x, truth, train=True)")
+        self._ready_for_backward = False
+        self._deltas_dirty = True
+        s = self._state(self.input, self.truth, True)
+        for i in range(len(self.layers) - 1, -1, -1):
+            layer = self.layers[i]
+            if layer.stopbackward:
+                break
+            if i > 0:
+                prev = self.layers[i - 1]
+                s.input, s.delta = prev.output, prev.delta
+            else:
+                s.input, s.delta = self.input, None
+            layer.backward(s)
+
+    def frozen_upto(self) -> int:
+        """Index of the last layer with stopbackward=1 (-1 if none): it and earlier layers don't learn."""
+        last = -1
+        for i, layer in enumerate(self.layers):
+            if layer.stopbackward:
+                last = i
+        return last
+
+    def current_rate(self) -> float:
+        return current_rate(self.config, self.seen // self.config.full_batch, self.rng)
+
+    def update(self, rate: float | None = None) -> float:
+        """One optimiser step over every learnable layer; returns the rate used."""
+        rate = self.current_rate() if rate is None else rate
+        self.updates += 1
+        B = self.config.full_batch
+        for layer in self.layers[self.frozen_upto() + 1:]:
+            if layer.params:
+                update_params(layer.params, self.config, rate * layer.lr_scale, B, self.updates)
+        return rate
+
+    # -- weights -----------------------------------------------------------------------------------
+    def save_weights(self, path, upto: int | None = None) -> None:
+        from .weights import save_weights
+        save_weights(self, path, upto)
+
+    def load_weights(self, path, upto: int | None = None) -> None:
+        from .weights import load_weights
+        load_weights(self, path, upto)
+
+    def summary(self) -> str:
+        from .summary import summary_text
+        return summary_text(self)
+
+
+def init_weights(net: Network, rng: np.random.Generator) -> None:
+    """Darknet-style random initialisation for every layer that has an `init_weights(rng)`."""
+    for layer in net.layers:
+        init = getattr(layer, "init_weights", None)
+        if init is not None:
+            init(rng)
+
+
+def load_network(cfg: str | os.PathLike | CfgDocument, weights: str | os.PathLike | None = None,
+                 batch: int | None = None, dtype=np.float32, seed: int | None = 0) -> Network:
+    """Build a network from a `.cfg`/`.yaml` path (or a parsed document), optionally load weights."""
+    doc = cfg if isinstance(cfg, CfgDocument) else load_cfg(cfg)
+    net = Network(doc, batch=batch, dtype=dtype, seed=seed)
+    if weights is not None:
+        net.load_weights(weights)
+    return net
+
+
+def network_from_text(text: str, batch: int | None = None, dtype=np.float32, seed: int | None = 0,
+                      file: str = "<cfg>") -> Network:
+    return Network(parse_cfg(text, file), batch=batch, dtype=dtype, seed=seed)
+
+
+def check_cfg(path) -> list[str]:
+    """Every problem in a cfg, as one-line messages (warnings included). Empty list = clean."""
+    problems: list[str] = []
+    try:
+        doc = load_cfg(path)
+    except CfgError as e:
+        return [str(e)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CfgWarning)
+        try:
+            build_layers(doc)
+        except CfgError as e:
+            problems.append(str(e))
+    problems[:0] = [str(w.message) for w in caught if issubclass(w.category, CfgWarning)]
+    return problems
+
+
+def _names(layers: Sequence[Layer]) -> list[str]:
+    return [layer.kind for layer in layers]

@@ -1,0 +1,93 @@
+"""Darknet's learning-rate policies (spec §3) and update rules (spec §6.3).
+
+SGD: with B = the full batch (batch·subdivisions, time_steps included) and η = rate·layer scale,
+    grad -= decay·B·w   (weights only);   w += η/B · grad;   grad *= momentum
+where `grad` is the accumulated negative gradient (Darknet's `*_updates`). Adam (`adam=1`): as
+Darknet's GPU path (its CPU path ignores `adam`), with decay on every parameter and η not divided by B.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .kernels import jit
+
+
+def current_rate(cfg, batch_num: int, rng: np.random.Generator | None = None) -> float:
+    """Learning rate for update number `batch_num` (Darknet's get_current_batch: seen/(batch·subdiv)).
+
+    `cfg` is a NetConfig. Burn-in is checked first, for every policy, as in Darknet."""
+    lr = cfg.learning_rate
+    b = batch_num
+    if cfg.burn_in and b < cfg.burn_in:
+        return lr * (b / cfg.burn_in) ** cfg.power
+    policy = cfg.policy
+    if policy == "constant":
+        return lr
+    if policy == "step":
+        return lr * cfg.scale ** (b // max(cfg.step, 1))
+    if policy == "steps":
+        rate = lr
+        for step, scale in zip(cfg.steps, cfg.scales):
+            if step > b:
+                break
+            rate *= scale
+        return rate
+    if policy == "exp":
+        return lr * cfg.gamma ** b
+    if policy == "poly":
+        if cfg.max_batches <= 0:
+            return lr
+        return lr * max(0.0, 1 - b / cfg.max_batches) ** cfg.power
+    if policy == "random":
+        u = (rng or np.random.default_rng()).random()
+        return lr * u ** cfg.power
+    if policy == "sigmoid":
+        return lr / (1 + math.exp(cfg.gamma * (b - cfg.step)))
+    if policy == "sgdr":
+        cycle = cfg.sgdr_cycle or max(cfg.max_batches, 1)
+        start = 0
+        while b >= start + cycle:
+            start += cycle
+            cycle *= cfg.sgdr_mult
+        return cfg.learning_rate_min + 0.5 * (lr - cfg.learning_rate_min) * (
+            1 + math.cos(math.pi * (b - start) / cycle))
+    raise ValueError(f"unknown policy {policy!r}")
+
+
+@jit
+def sgd_step(w, g, rate, batch, momentum, decay):
+    """w, g: (n,). Darknet SGD with momentum; `decay` is 0 for biases and BN scales."""
+    k = rate / batch
+    for i in range(w.shape[0]):
+        gi = g[i] - decay * batch * w[i]
+        w[i] += k * gi
+        g[i] = gi * momentum
+
+
+@jit
+def adam_step(w, g, m, v, rate, batch, b1, b2, eps, t, decay):
+    """w, g, m, v: (n,). Darknet's Adam; g is cleared after use."""
+    c1 = 1.0 - b1 ** t
+    c2 = 1.0 - b2 ** t
+    for i in range(w.shape[0]):
+        d = g[i] - decay * batch * w[i]
+        m[i] = b1 * m[i] + (1 - b1) * d
+        v[i] = b2 * v[i] + (1 - b2) * d * d
+        w[i] += rate * (m[i] / c1) / (math.sqrt(v[i] / c2) + eps)
+        g[i] = 0
+
+
+def update_params(params, cfg, rate: float, batch: int, t: int) -> None:
+    """Apply one update to a layer's Params. `batch` = full batch B; `t` = Adam's update count."""
+    for p in params:
+        w, g = p.value.reshape(-1), p.grad.reshape(-1)
+        if cfg.adam:
+            if "m" not in p.state or p.state["m"].shape != w.shape:
+                p.state["m"] = np.zeros_like(w)
+                p.state["v"] = np.zeros_like(w)
+            adam_step(w, g, p.state["m"], p.state["v"], rate, batch, cfg.B1, cfg.B2, cfg.eps, t,
+                      cfg.decay)
+        else:
+            sgd_step(w, g, rate, batch, cfg.momentum, cfg.decay if p.decay else 0.0)

@@ -1,0 +1,25 @@
+"""Shared fixtures: where ../shared is, and a clear skip when it is absent outside CI."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("DARKPY_SHARED", ROOT.parent / "shared")).resolve()
+
+
+def shared_path(*parts: str) -> Path:
+    """A path under ../shared; skips the test (fails in CI) when the folder is missing."""
+    p = SHARED.joinpath(*parts)
+    if not SHARED.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail(f"{SHARED} is missing: CI must have ../shared beside the clone")
+        pytest.skip(f"../shared not found at {SHARED} (set DARKPY_SHARED); reference data unavailable")
+    return p
+
+
+@pytest.fixture
+def shared():
+    return shared_path()
