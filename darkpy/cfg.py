@@ -183,11 +183,15 @@ def _split_option(text: str) -> tuple[str, str] | None:
 class CfgDocument:
     """A parsed cfg file: the original lines plus the sections they define."""
 
-    def __init__(self, lines: list[str], sections: list[Section], file: str, bom: bool = False):
+    def __init__(self, lines: list[str], sections: list[Section], file: str, bom: bool = False,
+                 from_yaml: bool = False):
         self.lines = lines
         self.sections = sections
         self.file = file
         self.bom = bom
+        # A YAML document's option lines are YAML line numbers (for errors); its `lines` are generated
+        # cfg text, so edits change the options and regenerate the text instead of editing a line.
+        self.from_yaml = from_yaml
 
     # -- access ---------------------------------------------------------------------------------
     @property
@@ -201,13 +205,15 @@ class CfgDocument:
     def text(self) -> str:
         return ("\ufeff" if self.bom else "") + "".join(self.lines)
 
+    def serialize(self, path: str | os.PathLike | None = None) -> str:
+        """The text `write(path)` writes: YAML for a .yaml/.yml path, else the cfg lines."""
+        path = os.fspath(path or self.file)
+        return sections_to_yaml(self.sections) if path.endswith((".yaml", ".yml")) else self.text()
+
     def write(self, path: str | os.PathLike | None = None) -> None:
         """Write the document (atomically: temp file + rename)."""
         path = os.fspath(path or self.file)
-        if path.endswith((".yaml", ".yml")):
-            data = sections_to_yaml(self.sections)
-        else:
-            data = self.text()
+        data = self.serialize(path)
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w", encoding="utf-8", newline="") as f:
             f.write(data)
@@ -233,6 +239,25 @@ class CfgDocument:
         opt = self.section(ref).options.get(key)
         return None if opt is None else opt.value
 
+    def require(self, path: str) -> str:
+        """As `get`, but a key that is not set is a CfgError naming the section and key."""
+        ref, key = _split_path(path, self.file)
+        sec = self.section(ref)
+        if key not in sec.options:
+            raise sec.error("not set in this section", key)
+        return sec.options[key].value
+
+    def apply_edits(self, assignments: Iterable[str] = (), unset: Iterable[str] = ()) -> None:
+        """Apply `SECTION.KEY=VALUE` assignments, then remove each `SECTION.KEY` in `unset`."""
+        for item in assignments:
+            path, eq, value = item.partition("=")
+            if not eq:
+                raise CfgError(f"bad assignment {item!r} (expected SECTION.KEY=VALUE, e.g. net.batch=64)",
+                               self.file)
+            self.set(path.strip(), value)
+        for path in unset:
+            self.unset(path)
+
     # -- editing (line-preserving) --------------------------------------------------------------
     def _eol(self) -> str:
         crlf = sum(1 for ln in self.lines if ln.endswith("\r\n"))
@@ -246,6 +271,13 @@ class CfgDocument:
         if not value:
             raise sec.error("empty value (write a value, or remove the key)", key)
         opt = sec.options.get(key)
+        if self.from_yaml:
+            if opt is None:
+                sec.options[key] = Option(key, value, 0)
+            else:
+                opt.value = value
+            self.lines = _cfg_lines(self.sections)
+            return
         if opt is not None and opt.line > 0:
             old = self.lines[opt.line - 1]
             body = old.rstrip("\r\n")
@@ -273,7 +305,9 @@ class CfgDocument:
         opt = sec.options.pop(key, None)
         if opt is None:
             raise sec.error("no such key to remove", key)
-        if opt.line > 0:
+        if self.from_yaml:
+            self.lines = _cfg_lines(self.sections)
+        elif opt.line > 0:
             del self.lines[opt.line - 1]
             self._shift(opt.line + 1, -1)
 
@@ -460,13 +494,18 @@ def parse_yaml(text: str, file: str = "<yaml>") -> CfgDocument:
         sections.append(sec)
     if not sections:
         raise CfgError("the file has no sections", file)
+    return CfgDocument(_cfg_lines(sections), sections, file, from_yaml=True)
+
+
+def _cfg_lines(sections: list[Section]) -> list[str]:
+    """The cfg text of `sections`, one line per list item (a blank line between sections)."""
     cfg_lines = []
     for i, sec in enumerate(sections):
         if i:
             cfg_lines.append("\n")
         cfg_lines.append(f"[{sec.kind}]\n")
         cfg_lines.extend(f"{k}={o.value}\n" for k, o in sec.options.items())
-    return CfgDocument(cfg_lines, sections, file)
+    return cfg_lines
 
 
 def diff_text(old: str, new: str, file: str) -> str:

@@ -167,34 +167,50 @@ class BuildContext:
         return idx
 
 
-def build_layers(doc: CfgDocument, dtype=np.float32) -> tuple[NetConfig, list[Layer]]:
+def build_layers(doc: CfgDocument, dtype=np.float32, on_error=None) -> tuple[NetConfig, list[Layer]]:
+    """Build every layer. With `on_error`, a section that fails is reported to it and replaced by a
+    pass-through placeholder, so later sections are still checked (`cfg check` lists every problem)."""
     net = NetConfig.from_section(doc.net)
     layers: list[Layer] = []
     shape = net.input_shape
     for sec in doc.layers:
-        cls = REGISTRY.get(sec.kind)
-        if cls is None:
-            raise sec.error(_unknown_section_message(sec.kind))
-        ctx = BuildContext(net, layers, sec.index, np.dtype(dtype), doc.file)
-        if cls.needs_image and not is_image(shape):
-            raise sec.error(f"the layer before [{sec.kind}] must output an image (got a flat vector of "
-                            f"{numel(shape)} values)")
-        layer = cls.from_cfg(sec, shape, ctx)
-        layer.section = sec
-        layer.lr_scale = sec.get_float("learning_rate", 1.0)
-        layer.stopbackward = sec.get_bool("stopbackward", False)
-        layer.dontload = sec.get_bool("dontload", False)
-        layer.dontsave = sec.get_bool("dontsave", False)
-        for key in ("onlyforward", "dont_update", "burnin_update", "train_only_bn", "dontloadscales",
-                    "truth", "numload", "smooth", "clip", "stream", "wait_stream"):
-            if sec.has(key):
-                sec.raw(key)
-        sec.warn_unused()
+        if on_error is None:
+            layer = _build_layer(sec, shape, net, layers, dtype, doc.file)
+        else:
+            try:
+                layer = _build_layer(sec, shape, net, layers, dtype, doc.file)
+            except CfgError as e:
+                on_error(e)
+                layer = Layer(sec.index, shape, shape, dtype)
+                layer.section = sec
         layers.append(layer)
         shape = layer.out_shape
     if not layers:
         raise doc.net.error("the network has no layers after [net]")
     return net, layers
+
+
+def _build_layer(sec: Section, shape, net: NetConfig, layers: list[Layer], dtype, file: str) -> Layer:
+    """Build one layer section on input `shape` (raises CfgError)."""
+    cls = REGISTRY.get(sec.kind)
+    if cls is None:
+        raise sec.error(_unknown_section_message(sec.kind))
+    ctx = BuildContext(net, layers, sec.index, np.dtype(dtype), file)
+    if cls.needs_image and not is_image(shape):
+        raise sec.error(f"the layer before [{sec.kind}] must output an image (got a flat vector of "
+                        f"{numel(shape)} values)")
+    layer = cls.from_cfg(sec, shape, ctx)
+    layer.section = sec
+    layer.lr_scale = sec.get_float("learning_rate", 1.0)
+    layer.stopbackward = sec.get_bool("stopbackward", False)
+    layer.dontload = sec.get_bool("dontload", False)
+    layer.dontsave = sec.get_bool("dontsave", False)
+    for key in ("onlyforward", "dont_update", "burnin_update", "train_only_bn", "dontloadscales",
+                "truth", "numload", "smooth", "clip", "stream", "wait_stream"):
+        if sec.has(key):
+            sec.raw(key)
+    sec.warn_unused()
+    return layer
 
 
 def _unknown_section_message(kind: str) -> str:
@@ -288,7 +304,7 @@ class Network:
         shape = (self._input_shape[0], h, w)
         new_input = shape
         for layer in self.layers:
-            if layer.in_shape != shape:
+            if layer.in_shape != shape or layer.refs:
                 layer.resize(shape)
             shape = layer.out_shape
         self._input_shape = new_input
@@ -427,20 +443,31 @@ def network_from_text(text: str, batch: int | None = None, dtype=np.float32, see
 
 
 def check_cfg(path) -> list[str]:
-    """Every problem in a cfg, as one-line messages (warnings included). Empty list = clean."""
-    problems: list[str] = []
+    """Every problem in a cfg, as one-line messages (warnings included), in file order. Empty = clean."""
     try:
         doc = load_cfg(path)
     except CfgError as e:
         return [str(e)]
+    return [message for message, _is_error in cfg_problems(doc)]
+
+
+def cfg_problems(doc: CfgDocument) -> list[tuple[str, bool]]:
+    """Every problem of a parsed document as (message, is_error), in the order they were found."""
+    found: list = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CfgWarning)
         try:
-            build_layers(doc)
+            build_layers(doc, on_error=caught.append)
         except CfgError as e:
-            problems.append(str(e))
-    problems[:0] = [str(w.message) for w in caught if issubclass(w.category, CfgWarning)]
-    return problems
+            caught.append(e)
+        found = list(caught)
+    out = []
+    for item in found:
+        if isinstance(item, CfgError):
+            out.append((str(item), True))
+        elif issubclass(item.category, CfgWarning):
+            out.append((str(item.message), False))
+    return out
 
 
 def _names(layers: Sequence[Layer]) -> list[str]:

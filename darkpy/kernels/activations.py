@@ -189,4 +189,6 @@ def activate_array(x: np.ndarray, act: int) -> None:
 def gradient_array(delta: np.ndarray, y: np.ndarray, act: int, x: np.ndarray | None = None) -> None:
     """Multiply `delta` in place by the activation's derivative (any shape, C-contiguous)."""
     d = delta.reshape(-1)
-    gradient(d, y.reshape(-1), d if x is None else x.reshape(-1), act)
+    yf = y.reshape(-1)
+    # without a stored input, relu6's x-based test reads y instead (0 < y < 6 iff 0 < x < 6)
+    gradient(d, yf, yf if x is None else x.reshape(-1), act)

@@ -79,6 +79,9 @@ class Layer:
     has_cost: ClassVar[bool] = False        # softmax/cost/logistic/yolo/... : owns loss and cost
     needs_image: ClassVar[bool] = False     # raise "layer before X must output an image" if flat input
     resizable: ClassVar[bool] = True        # Network.resize may change its input size
+    #: Earlier layers read besides the input (route sources, shortcut/sam `from`), as absolute
+    #: indices. Network.resize re-sizes such a layer even when its input shape did not change.
+    refs: tuple[int, ...] = ()
 
     def __init__(self, index: int, in_shape: Shape, out_shape: Shape, dtype=np.float32):
         self.index = index

@@ -1,0 +1,609 @@
+"""Datasets: `.data` files, list and names files, labels, batch assembly and the background loader.
+
+Darknet's file formats are followed (spec §10), and where Darknet fails silently or crashes, darkpy
+reports a `DataError` naming the file and line instead:
+- `.data`: Darknet's line rules (whole-line `#`/`;` comments, all whitespace removed); a referenced
+  file that exists in neither the current directory nor the `.data` file's folder is an error, an
+  unknown key a warning. CRLF and a UTF-8 BOM are accepted (Darknet keeps the `\\r`).
+- classifier labels: Darknet's substring rule, but a path must match exactly one label (Darknet only
+  prints "Too many or too few labels" and trains on a wrong truth row).
+- detector label files: malformed lines are collected as "file:line: reason" and skipped (Darknet
+  stops reading the file at the first one), never trained on.
+
+Batches are pure functions of their arguments: `load(indices, rng, w, h)` draws all its randomness
+from `rng`, so a trainer that seeds `rng` from (seed, iteration) gets the same batch every time, on
+the loader thread or not.
+"""
+from __future__ import annotations
+
+import os
+import re
+import threading
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from .errors import DataError
+from .images import (AUGMENT_DRAWS, DISTORT_DRAWS, augment_batch, center_crop_image, distort_args,
+                     flip_distort_inplace, letterbox_size, load_image, place_image, rand_uniform, resize_image)
+
+__all__ = [
+    "DataWarning", "DataConfig", "read_data_file", "read_list", "read_names", "classifier_label",
+    "label_path_for", "label_path_candidates", "read_box_labels", "ClassifierData", "DetectionData",
+    "BatchLoader",
+]
+
+
+class DataWarning(UserWarning):
+    """A data-file problem that does not stop training (e.g. an unknown `.data` key)."""
+
+
+# Keys either Darknet reads from a .data file (spec §10.1).
+KNOWN_DATA_KEYS = frozenset("""
+classes train valid test names labels backup top eval results map tree leaves tag difficult saveweights savelast
+""".split())
+# Keys whose value is a file that must exist.
+FILE_KEYS = ("train", "valid", "test", "names", "labels", "map", "tree", "leaves", "difficult")
+EVAL_KINDS = ("voc", "coco", "imagenet")
+_WS = re.compile(r"\s+")
+
+
+# ---------------------------------------------------------------------------------------------------
+# .data, list and names files
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class DataConfig:
+    """A parsed `.data` file. File paths are resolved (see `read_data_file`); `raw` holds every key
+    as written (whitespace removed), including ones darkpy does not interpret."""
+
+    path: str
+    classes: int
+    train: str | None = None
+    valid: str | None = None
+    names: list[str] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    backup: str | None = None
+    top: int = 1
+    eval: str = "voc"
+    raw: dict[str, str] = field(default_factory=dict)
+
+
+def _resolve(entry: str, folder: str) -> str | None:
+    """An existing path for `entry`: as given (absolute, or relative to the current directory), else
+    relative to `folder`; None if neither exists."""
+    if os.path.exists(entry):
+        return entry
+    if not os.path.isabs(entry):
+        alt = os.path.join(folder, entry)
+        if os.path.exists(alt):
+            return alt
+    return None
+
+
+def _read_lines(path: str, what: str) -> list[str]:
+    try:
+        with open(path, "r", encoding="utf-8-sig", errors="surrogateescape") as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such {what}") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, expected a {what}") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read {what} ({e.strerror})") from None
+
+
+def read_data_file(path: str | os.PathLike) -> DataConfig:
+    """Read a Darknet `.data` file (spec §10.1).
+
+    Lines: whole-line `#`/`;` comments and blank lines skipped, all whitespace removed, `key=value`.
+    A duplicate key keeps the first value (as Darknet) with a warning; an unknown key is warned about.
+    File keys (train, valid, test, names, labels, map, tree, leaves, difficult) are resolved against
+    the current directory first, then the `.data` file's folder; a missing one is a `DataError`
+    `file.data:line key: no such file 'x' (...)`. `names` falls back to `labels` (as Darknet) and
+    `labels` to `names` (darkpy: a classifier then needs only one list); `classes` defaults to the
+    number of names, or Darknet's 2 without names. `backup` is None when absent (the caller's default
+    applies, not Darknet's `/backup/`).
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(path) or "."
+    raw: dict[str, str] = {}
+    where: dict[str, int] = {}
+    for n, line in enumerate(_read_lines(path, ".data file"), 1):
+        s = _WS.sub("", line)
+        if not s or s[0] in "#;":
+            continue
+        key, eq, value = s.partition("=")
+        if not eq or not key:
+            raise DataError(f"{path}:{n}: cannot parse {line.strip()!r} (expected key=value)")
+        if not value:
+            raise DataError(f"{path}:{n} {key}: no value after '='")
+        if key in raw:
+            warnings.warn(f"{path}:{n} {key}: duplicate key; the first value ({raw[key]!r}, line "
+                          f"{where[key]}) is used, as Darknet does", DataWarning, stacklevel=2)
+            continue
+        if key not in KNOWN_DATA_KEYS:
+            warnings.warn(f"{path}:{n} {key}: unknown .data key (value {value!r}); ignored",
+                          DataWarning, stacklevel=2)
+        raw[key], where[key] = value, n
+
+    def err(key: str, msg: str) -> DataError:
+        return DataError(f"{path}:{where[key]} {key}: {msg}")
+
+    files: dict[str, str] = {}
+    for key in FILE_KEYS:
+        if key in raw:
+            found = _resolve(raw[key], folder)
+            if found is None:
+                looked = (f"looked in the current directory {os.getcwd()!r} and in the .data file's "
+                          f"folder {os.path.abspath(folder)!r}") if not os.path.isabs(raw[key]) else "absolute path"
+                raise err(key, f"no such file {raw[key]!r} ({looked})")
+            files[key] = found
+
+    def get_int(key: str, default: int) -> int:
+        if key not in raw:
+            return default
+        try:
+            return int(raw[key])
+        except ValueError:
+            raise err(key, f"not an integer (got {raw[key]!r})") from None
+
+    names = read_names(files["names"]) if "names" in files else []
+    labels = read_names(files["labels"]) if "labels" in files else []
+    names = names or labels
+    labels = labels or names
+    classes = get_int("classes", len(names) if names else 2)
+    if classes < 1:
+        raise err("classes", f"must be >= 1 (got {classes})")
+    if names and len(names) != classes:
+        key = "names" if "names" in raw else "labels"
+        warnings.warn(f"{path}:{where[key]} {key}: {len(names)} names for classes={classes}",
+                      DataWarning, stacklevel=2)
+    top = get_int("top", 1)
+    ev = raw.get("eval", "voc")
+    if ev not in EVAL_KINDS:
+        raise err("eval", f"unknown kind {ev!r} (expected one of {', '.join(EVAL_KINDS)})")
+    return DataConfig(path=path, classes=classes, train=files.get("train"), valid=files.get("valid"),
+                      names=names, labels=labels, backup=raw.get("backup"), top=top, eval=ev, raw=raw)
+
+
+def read_list(path: str | os.PathLike) -> list[str]:
+    """Read a list file: one path per line, `\\r` and surrounding whitespace stripped, blank lines
+    skipped (Darknet strips only `\\n`). A relative entry is kept as written if it exists from the
+    current directory, else taken relative to the list file's folder if it exists there, else kept
+    as written (loading it then reports the missing file)."""
+    path = os.fspath(path)
+    folder = os.path.dirname(path) or "."
+    out = []
+    for line in _read_lines(path, "list file"):
+        entry = line.strip()
+        if entry:
+            out.append(_resolve(entry, folder) or entry)
+    return out
+
+
+def read_names(path: str | os.PathLike) -> list[str]:
+    """Read a names/labels file: line i is the name of class i (surrounding whitespace and `\\r`
+    stripped; trailing blank lines ignored). A blank line before the last name is a `DataError`,
+    because it would be a class with an empty name that, as a label, matches every path."""
+    path = os.fspath(path)
+    lines = [line.strip() for line in _read_lines(path, "names file")]
+    while lines and not lines[-1]:
+        lines.pop()
+    for n, name in enumerate(lines, 1):
+        if not name:
+            raise DataError(f"{path}:{n}: empty class name (each line names class line-1; remove "
+                            f"the blank line)")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------
+# labels
+# ---------------------------------------------------------------------------------------------------
+def classifier_label(image_path: str, labels: Sequence[str]) -> int:
+    """The class of an image for a classifier: the one label that is a substring of its path.
+
+    Darknet sets truth j for every label j found anywhere in the path (`strstr`) and trains on
+    whatever that gives, warning "Too many or too few labels". darkpy looks in the file name first,
+    so a directory name that happens to contain another label (e.g. `cats/dog_1.jpg` with labels
+    cat, dog) does not spoil it; only if no label occurs in the file name is the whole path used.
+    Zero or several matches (at the level where the first match was found) is a `DataError` naming
+    the file and the candidates. As in Darknet, a single-label set allows no match: -1 (negative).
+    """
+    name = os.path.basename(image_path)
+    hits = [j for j, lab in enumerate(labels) if lab and lab in name]
+    where = "file name"
+    if not hits:
+        hits = [j for j, lab in enumerate(labels) if lab and lab in image_path]
+        where = "path"
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        if len(labels) == 1:
+            return -1
+        shown = ", ".join(repr(x) for x in labels[:10]) + (f", ... ({len(labels)} in all)" if len(labels) > 10 else "")
+        raise DataError(f"{image_path}: no class label occurs in the path (each image path must contain "
+                        f"exactly one of the labels: {shown})")
+    found = ", ".join(f"{labels[j]!r} (class {j})" for j in hits)
+    raise DataError(f"{image_path}: several class labels occur in the {where}: {found}; each image "
+                    f"must match exactly one label, so rename the file or make the labels distinct")
+
+
+# Darknet's (P) successive first-occurrence replacements that turn an image path into its label path.
+_P_LABEL_REPLACEMENTS = (("images", "labels"), ("JPEGImages", "labels"), ("raw", "labels"),
+                         (".jpg", ".txt"), (".png", ".txt"), (".JPG", ".txt"), (".JPEG", ".txt"))
+_LABEL_DIRS = ("images", "JPEGImages", "raw")
+
+
+def label_path_candidates(image_path: str) -> list[str]:
+    """Where a detection image's label file may be, in the order tried (distinct, never the image):
+
+    1. Darknet's (P) path: first-occurrence substring replacements images→labels, JPEGImages→labels,
+       raw→labels, then .jpg/.png/.JPG/.JPEG→.txt, on the whole path. Kept first so a project that
+       works with Darknet finds the same files. It has pitfalls: "raw" matches inside "drawings",
+       "images" inside "myimages".
+    2. The same with only whole directory names images/JPEGImages/raw replaced and the extension
+       replaced at the end, which avoids those pitfalls.
+    3. The .txt beside the image (AlexeyAB's layout).
+    """
+    p = image_path
+    for a, b in _P_LABEL_REPLACEMENTS:
+        p = p.replace(a, b, 1)
+    stem = os.path.splitext(image_path)[0]
+    parts = re.split(r"([/\\])", stem)
+    dirs = ["labels" if (i < len(parts) - 1 and part in _LABEL_DIRS) else part for i, part in enumerate(parts)]
+    out = []
+    for cand in (p, "".join(dirs) + ".txt", stem + ".txt"):
+        if cand != image_path and cand not in out:
+            out.append(cand)
+    return out
+
+
+def label_path_for(image_path: str) -> str:
+    """The label file of a detection image: the first candidate of `label_path_candidates` that
+    exists, or Darknet's own path (the first candidate) when none does."""
+    cands = label_path_candidates(image_path)
+    for c in cands:
+        if os.path.isfile(c):
+            return c
+    return cands[0]
+
+
+def read_box_labels(path: str, classes: int) -> tuple[np.ndarray, list[str]]:
+    """Read a detector label file: lines `class x_center y_center width height`, normalised to [0,1].
+
+    Returns boxes float32 (n, 5) as [x, y, w, h, class] and the bad lines, each "file:line: reason"
+    (not 5 fields, unparsable, class outside [0, classes), x/y/w/h outside [0,1], w or h <= 0).
+    Bad lines are skipped; the rest of the file is still read. A missing file is a `DataError`.
+    """
+    boxes, bad = [], []
+    for n, line in enumerate(_read_lines(path, "label file"), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 5:
+            bad.append(f"{path}:{n}: expected 5 fields 'class x y w h', got {len(parts)}")
+            continue
+        try:
+            cls = int(parts[0])
+            x, y, w, h = (float(v) for v in parts[1:])
+        except ValueError:
+            bad.append(f"{path}:{n}: cannot parse {line.strip()!r} (expected an integer class and 4 numbers)")
+            continue
+        if not 0 <= cls < classes:
+            bad.append(f"{path}:{n}: class {cls} out of range (classes={classes})")
+        elif not (w > 0 and h > 0):
+            bad.append(f"{path}:{n}: box width and height must be > 0 (got w={w:g}, h={h:g})")
+        elif not all(0 <= v <= 1 for v in (x, y, w, h)):
+            bad.append(f"{path}:{n}: coordinates outside [0,1] (x={x:g} y={y:g} w={w:g} h={h:g}); "
+                       f"labels are normalised by the image size")
+        else:
+            boxes.append((x, y, w, h, cls))
+    return np.array(boxes, np.float32).reshape(-1, 5), bad
+
+
+# ---------------------------------------------------------------------------------------------------
+# batch assembly
+# ---------------------------------------------------------------------------------------------------
+def _net(net_cfg: Any, key: str, default: float) -> Any:
+    """A [net] setting from a NetConfig (or anything with those attributes), with Darknet's default."""
+    value = getattr(net_cfg, key, None) if net_cfg is not None else None
+    return default if value is None else value
+
+
+class _ImageCache:
+    """Decoded images kept in memory up to a byte budget (small datasets are decoded once)."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.used = 0
+        self.images: dict[int, np.ndarray] = {}
+        self.lock = threading.Lock()
+
+    def get(self, key: int, path: str, channels: int) -> np.ndarray:
+        img = self.images.get(key)
+        if img is None:
+            img = load_image(path, channels)
+            with self.lock:
+                if self.used + img.nbytes <= self.budget and key not in self.images:
+                    self.images[key] = img   # callers never modify images in place
+                    self.used += img.nbytes
+        return img
+
+
+class ClassifierData:
+    """Classifier batches: images with one-hot truth from `classifier_label` (spec §10.3, §11).
+
+    With `augment`, each image goes through Darknet's `load_data_augment`: centre crop (`center=1`)
+    or `random_augment_image` with min/max = int(min_ratio·w), int(max_ratio·w), then a flip with
+    p=1/2 (if `flip`), then `random_distort_image`; the result equals those functions applied in turn
+    with the same generator, but is computed in place with one draw call per image. Without it, a
+    plain `resize_image` to w×h. `net_cfg` supplies min_ratio/max_ratio/angle/aspect/hue/saturation/
+    exposure/flip/center (Darknet's defaults where it is None; like Darknet's loader, an aspect,
+    saturation or exposure of 0 means 1). Labels for every path are resolved here, so a path without
+    a unique label fails before training starts.
+    """
+
+    def __init__(self, paths: Sequence[str], labels: Sequence[str], net_cfg: Any = None, augment: bool = True,
+                 channels: int = 3, cache_bytes: int = 256 << 20):
+        self.paths = list(paths)
+        self.labels = list(labels)
+        self.classes = len(self.labels)
+        self.augment = augment
+        self.channels = channels
+        cfg = net_cfg
+        self.center = bool(_net(cfg, "center", 0))
+        self.min_ratio, self.max_ratio = _net(cfg, "min_ratio", 1.0), _net(cfg, "max_ratio", 2.0)
+        self.angle, self.aspect = _net(cfg, "angle", 0.0), _net(cfg, "aspect", 1.0) or 1.0
+        self.hue = _net(cfg, "hue", 0.0)
+        self.saturation = _net(cfg, "saturation", 1.0) or 1.0
+        self.exposure = _net(cfg, "exposure", 1.0) or 1.0
+        self.flip = bool(_net(cfg, "flip", 1))
+        truth, errors = [], []
+        for p in self.paths:
+            try:
+                truth.append(classifier_label(p, self.labels))
+            except DataError as e:
+                errors.append(str(e))
+                truth.append(-1)
+        if errors:
+            more = f"\n... and {len(errors) - 5} more" if len(errors) > 5 else ""
+            raise DataError(f"{len(errors)} of {len(self.paths)} images have no unique class label:\n"
+                            + "\n".join(errors[:5]) + more)
+        self.truth = np.array(truth, np.int64)
+        self._cache = _ImageCache(cache_bytes)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def load(self, indices: Iterable[int], rng: np.random.Generator, w: int, h: int) -> tuple[np.ndarray, np.ndarray]:
+        """Images `indices` as x float32 (n, channels, h, w) and one-hot y float32 (n, classes)."""
+        indices = list(indices)
+        x = np.empty((len(indices), self.channels, h, w), np.float32)
+        y = np.zeros((len(indices), self.classes), np.float32)
+        imgs = [self._cache.get(k, self.paths[k], self.channels) for k in indices]
+        if self.augment:
+            self._augment(x, imgs, rng, w, h)
+        else:
+            for i, img in enumerate(imgs):
+                x[i] = img if img.shape[1:] == (h, w) else resize_image(img, w, h)
+        for i, k in enumerate(indices):
+            if self.truth[k] >= 0:
+                y[i, self.truth[k]] = 1
+        return x, y
+
+    def _augment(self, x: np.ndarray, imgs: list[np.ndarray], rng: np.random.Generator, w: int, h: int) -> None:
+        n = len(imgs)
+        if self.center:
+            u = rng.random((n, 1 + DISTORT_DRAWS))   # per image: flip coin, distortion
+            for i, img in enumerate(imgs):
+                x[i] = center_crop_image(img, w, h)
+                hsv = distort_args(self.hue, self.saturation, self.exposure, u[i, 1:])
+                flip_distort_inplace(x[i], u[i, 0] < 0.5 and self.flip, *hsv)
+            return
+        u = rng.random((n, AUGMENT_DRAWS + 1 + DISTORT_DRAWS))   # per image: crop, flip coin, distortion
+        lo = int(self.min_ratio * w)   # darknet: the ratios scale the net width, truncated
+        hi = int(self.max_ratio * w)
+        args = (self.angle, self.aspect, lo, hi, self.hue, self.saturation, self.exposure, self.flip)
+        if all(img.shape == imgs[0].shape for img in imgs):
+            augment_batch(x, np.stack(imgs), *args, u)   # one kernel call for the whole batch
+        else:
+            for i, img in enumerate(imgs):
+                augment_batch(x[i:i + 1], img[None], *args, u[i:i + 1])
+
+
+class DetectionData:
+    """Detector batches: images and packed truth boxes (spec §10.4, §11 "Detector").
+
+    With `augment`, Darknet's `load_data_detection` per image: random aspect jitter (±jitter of each
+    side), the image placed to fill one full dimension at a random offset on a 0.5 canvas, HSV
+    distortion, a flip with p=1/2 (if `flip`), boxes moved and mirrored with it, clamped to [0,1],
+    truncated to `max_boxes` after a shuffle, and boxes under .001 wide or high dropped. Without it,
+    a letterbox (as Darknet's validation) and the boxes mapped into it.
+
+    Label files are found by `label_path_for`. Bad label lines and images without a label file are
+    collected in `bad_labels` ("file:line: reason"), never trained on; `write_bad_labels` saves them.
+    hue/saturation/exposure/flip default to `net_cfg`'s values.
+    """
+
+    def __init__(self, paths: Sequence[str], classes: int, net_cfg: Any = None, max_boxes: int = 90,
+                 augment: bool = True, jitter: float = 0.2, hue: float | None = None,
+                 saturation: float | None = None, exposure: float | None = None, flip: bool | None = None,
+                 cache_bytes: int = 256 << 20):
+        self.paths = list(paths)
+        self.classes = classes
+        self.max_boxes = max_boxes
+        self.augment = augment
+        self.jitter = jitter
+        self.hue = _net(net_cfg, "hue", 0.0) if hue is None else hue
+        self.saturation = (_net(net_cfg, "saturation", 1.0) if saturation is None else saturation) or 1.0
+        self.exposure = (_net(net_cfg, "exposure", 1.0) if exposure is None else exposure) or 1.0
+        self.flip = bool(_net(net_cfg, "flip", 1) if flip is None else flip)
+        self.bad_labels: list[str] = []
+        self._seen_bad: set[str] = set()
+        self._lock = threading.Lock()
+        self.label_paths: list[str | None] = []
+        for p in self.paths:
+            lp = label_path_for(p)
+            if os.path.isfile(lp):
+                self.label_paths.append(lp)
+            else:
+                self.label_paths.append(None)
+                self._report([f"{p}: no label file (looked for {', '.join(label_path_candidates(p))}); "
+                              f"trained as an image with no objects"])
+        if self.paths and all(lp is None for lp in self.label_paths):
+            raise DataError(f"none of the {len(self.paths)} images has a label file; e.g. "
+                            f"{self.bad_labels[0]}")
+        self._boxes: dict[int, np.ndarray] = {}
+        self._cache = _ImageCache(cache_bytes)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def _report(self, lines: list[str]) -> None:
+        with self._lock:
+            for line in lines:
+                if line not in self._seen_bad:
+                    self._seen_bad.add(line)
+                    self.bad_labels.append(line)
+
+    def boxes(self, k: int) -> np.ndarray:
+        """The valid boxes of image k, (n, 5) [x, y, w, h, class], as in its label file."""
+        b = self._boxes.get(k)
+        if b is None:
+            lp = self.label_paths[k]
+            if lp is None:
+                b = np.zeros((0, 5), np.float32)
+            else:
+                b, bad = read_box_labels(lp, self.classes)
+                self._report(bad)
+            self._boxes[k] = b
+        return b
+
+    def write_bad_labels(self, path: str | os.PathLike) -> int:
+        """Write `bad_labels`, one per line; returns how many."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in self.bad_labels)
+        return len(self.bad_labels)
+
+    def load(self, indices: Iterable[int], rng: np.random.Generator, w: int, h: int) -> tuple[np.ndarray, np.ndarray]:
+        """Images `indices` as x float32 (n, 3, h, w) and truth float32 (n, max_boxes·5): rows of
+        [x, y, w, h, class], zero-padded (a yolo layer stops at the first x == 0)."""
+        indices = list(indices)
+        x = np.empty((len(indices), 3, h, w), np.float32)
+        truth = np.zeros((len(indices), self.max_boxes * 5), np.float32)
+        for i, k in enumerate(indices):
+            img = self._cache.get(k, self.paths[k], 3)
+            boxes = self.boxes(k)
+            if self.augment:
+                x[i], packed = self._augment(img, boxes, rng, w, h)
+            else:
+                x[i], packed = self._letterbox(img, boxes, w, h)
+            truth[i, :packed.size] = packed.reshape(-1)
+        return x, truth
+
+    def _augment(self, img, boxes, rng, w, h):
+        _, oh, ow = img.shape
+        dw, dh = self.jitter * ow, self.jitter * oh
+        num = max(ow + rand_uniform(-dw, dw, rng), 1.0)
+        den = max(oh + rand_uniform(-dh, dh, rng), 1.0)
+        new_ar = num / den
+        if new_ar < 1:
+            nh = h
+            nw = nh * new_ar
+        else:
+            nw = w
+            nh = nw / new_ar
+        dx = rand_uniform(0, w - nw, rng)
+        dy = rand_uniform(0, h - nh, rng)
+        # darknet: place_image takes integer size and offset, but Darknet moves the boxes with the
+        # float values (up to a pixel off); here the boxes follow the pixels actually placed.
+        nw, nh, dx, dy = max(int(nw), 1), max(int(nh), 1), int(dx), int(dy)
+        canvas = np.full((3, h, w), 0.5, np.float32)
+        place_image(img, nw, nh, dx, dy, canvas)
+        # distortion, then the flip coin, as Darknet draws them; the distortion is per pixel, so
+        # flipping first (in the same pass) gives the same image
+        hue_sat_exp = distort_args(self.hue, self.saturation, self.exposure, rng.random(DISTORT_DRAWS))
+        flip = rng.random() < 0.5 and self.flip
+        flip_distort_inplace(canvas, flip, *hue_sat_exp)
+        order = rng.permutation(len(boxes))
+        return canvas, _pack_boxes(boxes[order], nw / w, nh / h, dx / w, dy / h, flip, self.max_boxes)
+
+    def _letterbox(self, img, boxes, w, h):
+        _, oh, ow = img.shape
+        nw, nh = letterbox_size(ow, oh, w, h)
+        dx, dy = (w - nw) // 2, (h - nh) // 2
+        canvas = np.full((3, h, w), 0.5, np.float32)
+        canvas[:, dy:dy + nh, dx:dx + nw] = resize_image(img, nw, nh)
+        return canvas, _pack_boxes(boxes, nw / w, nh / h, dx / w, dy / h, False, self.max_boxes)
+
+
+def _pack_boxes(boxes: np.ndarray, sx: float, sy: float, dx: float, dy: float, flip: bool,
+                max_boxes: int) -> np.ndarray:
+    """Darknet's correct_boxes + fill_truth_detection: scale by (sx, sy), shift by (dx, dy), mirror if
+    flipped, clamp the edges to [0,1], recompute centre and size, keep the first `max_boxes`, then
+    drop those under .001 wide or high. Returns (m, 5) [x, y, w, h, class]."""
+    b = boxes[:max_boxes].astype(np.float64)
+    left = (b[:, 0] - b[:, 2] / 2) * sx + dx
+    right = (b[:, 0] + b[:, 2] / 2) * sx + dx
+    top = (b[:, 1] - b[:, 3] / 2) * sy + dy
+    bottom = (b[:, 1] + b[:, 3] / 2) * sy + dy
+    if flip:
+        left, right = 1 - right, 1 - left
+    left, right, top, bottom = (np.clip(v, 0, 1) for v in (left, right, top, bottom))
+    out = np.stack([(left + right) / 2, (top + bottom) / 2, np.clip(right - left, 0, 1),
+                    np.clip(bottom - top, 0, 1), b[:, 4]], axis=1).astype(np.float32)
+    return out[(out[:, 2] >= .001) & (out[:, 3] >= .001)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# background loading
+# ---------------------------------------------------------------------------------------------------
+class BatchLoader:
+    """Prepares batch k+1 (… k+depth) on a background thread while the caller trains on batch k.
+
+    `get(k)` returns `fn(k)`: the prefetched result when there is one, else computed right away in
+    the caller's thread. An exception raised by `fn` on the worker is raised again by the `get` that
+    asks for that batch. `fn` must be a pure function of k (the trainer seeds each batch's rng from
+    (seed, k)), so results are identical to calling `fn(k)` directly, whatever was prefetched.
+    Image decoding (Pillow) and the numba kernels release the GIL, so the work really overlaps.
+    """
+
+    def __init__(self, fn: Callable[[int], Any], depth: int = 1):
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1 (got {depth})")
+        self._fn = fn
+        self._depth = depth
+        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(max_workers=1,
+                                                                   thread_name_prefix="darkpy-loader")
+        self._pending: dict[int, Future] = {}
+
+    def get(self, k: int) -> Any:
+        if self._pool is None:
+            raise RuntimeError("BatchLoader is closed")
+        fut = self._pending.pop(k, None)
+        ahead = range(k + 1, k + 1 + self._depth)
+        for j in list(self._pending):
+            if j not in ahead:
+                self._pending.pop(j).cancel()   # stale (the caller skipped or went back)
+        for j in ahead:
+            if j not in self._pending:
+                self._pending[j] = self._pool.submit(self._fn, j)
+        return self._fn(k) if fut is None else fut.result()
+
+    def close(self) -> None:
+        """Drop pending batches and stop the worker thread (waits for a batch in progress)."""
+        if self._pool is not None:
+            for fut in self._pending.values():
+                fut.cancel()
+            self._pending.clear()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> "BatchLoader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,96 @@
+"""im2col / col2im and the shared convolution workspace.
+
+A convolution is computed as one GEMM per batch item and group: the input patch under every output
+position is unrolled into a column of `col` (`im2col`), and `W (n, c·k·k) @ col (c·k·k, oh·ow)` is the
+output. The backward pass runs the same unrolling backwards (`col2im`), ADDING every column entry
+into the input-sized delta it came from.
+
+Geometry (spec §2.1, AlexeyAB's `dilation`): output row `oy` reads input rows
+`oy·stride_y − pad + ky·dilation` for `ky = 0..k−1`, where `pad` is the per-side padding already
+multiplied by the dilation; positions outside the image read zero (and receive nothing in col2im).
+
+The column buffer is large (c·k·k·oh·ow values for the biggest layer) and only needed while one layer
+runs, so every layer shares one workspace per dtype, as Darknet shares `net.workspace`. Layers
+`reserve()` their size in `allocate()` and take a view with `get()` in forward/backward; the buffer
+only grows, so no hot path allocates. Consequence: two networks must not run forward/backward at
+the same time in different threads of one process.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from . import pjit
+
+_WORKSPACES: dict[np.dtype, np.ndarray] = {}
+
+
+def reserve(size: int, dtype) -> None:
+    """Make the shared workspace of `dtype` hold at least `size` values (grows, never shrinks)."""
+    dtype = np.dtype(dtype)
+    ws = _WORKSPACES.get(dtype)
+    if ws is None or ws.size < size:
+        _WORKSPACES[dtype] = np.empty(max(size, 1), dtype)
+
+
+def get(shape: tuple, dtype) -> np.ndarray:
+    """A C-contiguous view of the shared workspace with `shape`; `reserve` must have been called."""
+    n = 1
+    for d in shape:
+        n *= d
+    ws = _WORKSPACES[np.dtype(dtype)]
+    if ws.size < n:
+        raise RuntimeError(f"workspace holds {ws.size} values, {n} needed: reserve() was not called")
+    return ws[:n].reshape(shape)
+
+
+@pjit
+def im2col(col, x, k, stride_y, stride_x, pad, dilation, out_h, out_w):
+    """col: (c·k·k, out_h·out_w) output; x: (c, h, w) input image.
+    Row r = (ci·k + ky)·k + kx of `col` holds x[ci, oy·sy − pad + ky·d, ox·sx − pad + kx·d]."""
+    c, h, w = x.shape
+    rows = c * k * k
+    for r in prange(rows):
+        kx = r % k
+        ky = (r // k) % k
+        ci = r // (k * k)
+        for oy in range(out_h):
+            iy = oy * stride_y - pad + ky * dilation
+            base = oy * out_w
+            if iy < 0 or iy >= h:
+                for ox in range(out_w):
+                    col[r, base + ox] = 0
+                continue
+            for ox in range(out_w):
+                ix = ox * stride_x - pad + kx * dilation
+                if ix >= 0 and ix < w:
+                    col[r, base + ox] = x[ci, iy, ix]
+                else:
+                    col[r, base + ox] = 0
+
+
+@pjit
+def col2im_add(x, col, k, stride_y, stride_x, pad, dilation, out_h, out_w):
+    """x: (c, h, w) delta, ADDED to; col: (c·k·k, out_h·out_w). The adjoint of `im2col`.
+    One thread per input channel, so no two threads write the same element."""
+    c, h, w = x.shape
+    for ci in prange(c):
+        for ky in range(k):
+            for kx in range(k):
+                r = (ci * k + ky) * k + kx
+                for oy in range(out_h):
+                    iy = oy * stride_y - pad + ky * dilation
+                    if iy < 0 or iy >= h:
+                        continue
+                    base = oy * out_w
+                    for ox in range(out_w):
+                        ix = ox * stride_x - pad + kx * dilation
+                        if ix >= 0 and ix < w:
+                            x[ci, iy, ix] += col[r, base + ox]
+
+
+@pjit
+def add_into(dst, src):
+    """dst, src: (n,) flat. dst += src, in parallel (numpy's += is single-threaded)."""
+    for i in prange(dst.shape[0]):
+        dst[i] += src[i]

@@ -1,0 +1,120 @@
+"""`[connected]` / `[conn]`: fully connected layer with optional batch norm (spec §2.4, §5).
+
+`y = act(BN(x·Wᵀ) or x·Wᵀ + b)` on the flattened input; W is `[outputs][inputs]`, as in the
+`.weights` file. The file order is biases, weights, then (with BN) scales, rolling mean, rolling
+variance — unlike convolutional, where the BN arrays come before the weights.
+
+As in the convolutional layer, backward leaves the gradient w.r.t. the raw product `x·Wᵀ` in `delta`
+(Darknet's behaviour) and ADDS `delta·W` into the previous layer's delta. With BN the statistics are
+per output unit over the batch rows.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..kernels import activations as act
+from ..kernels import bn as bnk
+from ..kernels import im2col as ic
+from .base import Layer, Param, State, register
+from .convolutional import BatchNormParams, backward_bias_bn_act
+
+
+@register
+class ConnectedLayer(Layer):
+    kind = "connected"
+    aliases = ("conn",)
+    resizable = False
+
+    def __init__(self, index: int, in_shape, outputs: int, batch_normalize: bool = False,
+                 activation: str = "logistic", dtype=np.float32):
+        super().__init__(index, in_shape, (outputs,), dtype)
+        n_in = self.inputs
+        self.n = outputs
+        self.activation = activation
+        self.act = act.code(activation)
+        self.batch_normalize = batch_normalize
+        #: True: reproduce pjreddie's CPU batch norm (for comparing with its dumps); see kernels/bn.py.
+        self.darknet_cpu_bn = False
+        self.biases = Param("biases", np.zeros(outputs, self.dtype), np.zeros(outputs, self.dtype))
+        self.weights = Param("weights", np.zeros((outputs, n_in), self.dtype),
+                             np.zeros((outputs, n_in), self.dtype), decay=True)
+        self.bn = BatchNormParams(outputs, self.dtype) if batch_normalize else None
+        self.params = [self.biases, self.weights] + ([self.bn.scales] if self.bn else [])
+        self.pre = np.zeros((0,), self.dtype)       # pre-activation copy (swish/mish/... without BN)
+        self.xnorm = np.zeros((0,), self.dtype)     # BN x̂ of the last training forward
+        self.wgrad_tmp = np.zeros((0,), self.dtype)
+        self.dx_tmp = np.zeros((0,), self.dtype)
+        self._trained = False
+
+    @classmethod
+    def from_cfg(cls, sec, in_shape, ctx) -> "ConnectedLayer":
+        outputs = sec.get_int("output", 1)
+        if outputs < 1:
+            raise sec.error(f"must be >= 1 (got {outputs})", "output")
+        bn = sec.get_bool("batch_normalize", False)
+        activation = sec.get_choice("activation", act.NAMES, "logistic")
+        return cls(sec.index, in_shape, outputs, bn, activation, ctx.dtype)
+
+    def init_weights(self, rng: np.random.Generator) -> None:
+        """Darknet's init: weights sqrt(2/inputs)·U(−1, 1), biases 0; BN scales 1, rolling stats 0."""
+        self.weights.value[...] = math.sqrt(2.0 / self.inputs) * rng.uniform(-1, 1, self.weights.value.shape)
+        self.biases.value.fill(0)
+        if self.bn:
+            self.bn.scales.value.fill(1)
+            self.bn.rolling_mean.fill(0)
+            self.bn.rolling_variance.fill(0)
+
+    def allocate(self, batch: int) -> None:
+        super().allocate(batch)
+        self.pre = (np.zeros_like(self.output) if act.needs_input(self.act) and not self.bn
+                    else np.zeros((0,), self.dtype))
+        self.xnorm = np.zeros_like(self.output) if self.bn else np.zeros((0,), self.dtype)
+        self.wgrad_tmp = np.zeros_like(self.weights.value)
+        self.dx_tmp = np.zeros((batch, self.inputs), self.dtype)
+        self._trained = False
+
+    def extra_buffers(self) -> list[np.ndarray]:
+        return [self.pre, self.xnorm, self.wgrad_tmp, self.dx_tmp]
+
+    def forward(self, s: State) -> None:
+        x = s.input.reshape(self.batch, self.inputs)
+        np.matmul(x, self.weights.value.T, out=self.output)
+        y = self.output.reshape(self.batch, self.n, 1)
+        self._trained = s.train
+        if self.bn is None:
+            bnk.bias_act_forward(y, self.pre.reshape(y.shape) if self.pre.size else y,
+                                 self.biases.value, self.act, self.pre.size > 0)
+        elif s.train:
+            bn = self.bn
+            bnk.bn_act_forward_train(y, self.xnorm.reshape(y.shape), bn.mean, bn.variance,
+                                     bn.rolling_mean, bn.rolling_variance, bn.scales.value,
+                                     self.biases.value, self.act, self.darknet_cpu_bn)
+        else:
+            bn = self.bn
+            bnk.bn_act_forward_infer(y, bn.rolling_mean, bn.rolling_variance, bn.scales.value,
+                                     self.biases.value, self.act, self.darknet_cpu_bn)
+
+    def backward(self, s: State) -> None:
+        d = self.delta.reshape(self.batch, self.n, 1)
+        backward_bias_bn_act(self, d, self.output.reshape(d.shape))
+        d2 = self.delta.reshape(self.batch, self.n)
+        x = s.input.reshape(self.batch, self.inputs)
+        np.matmul(d2.T, x, out=self.wgrad_tmp)
+        ic.add_into(self.weights.grad.reshape(-1), self.wgrad_tmp.reshape(-1))
+        if s.delta is not None:
+            np.matmul(d2, self.weights.value, out=self.dx_tmp)
+            ic.add_into(s.delta.reshape(-1), self.dx_tmp.reshape(-1))
+
+    def weight_arrays(self) -> list[np.ndarray]:
+        arrays = [self.biases.value, self.weights.value]
+        if self.bn:
+            arrays += [self.bn.scales.value, self.bn.rolling_mean, self.bn.rolling_variance]
+        return arrays
+
+    def flops(self) -> float:
+        return 2.0 * self.inputs * self.n
+
+    def summary(self) -> str:
+        return f"connected                            {self.inputs:4d}  ->  {self.n:4d}"

@@ -1,0 +1,284 @@
+"""`[convolutional]` / `[conv]`: 2-D convolution with optional batch norm (spec §2.1, §5).
+
+Forward, per batch item and group: im2col into the shared workspace, then one GEMM
+`W_g (n/g, c/g·k·k) @ col (c/g·k·k, oh·ow)` straight into the output; a 1x1 stride-1 unpadded
+convolution skips im2col (its input already is the column matrix). Then ONE fused pass adds the
+bias or applies batch norm (whose β is `biases`), and the activation.
+
+Backward: one fused pass turns `delta` (gradient w.r.t. the activated output) into the gradient w.r.t.
+the raw product, accumulating bias / BN-scale gradients; it is left in `delta` afterwards, as Darknet
+leaves it (the reference dumps call it `delta_out`). Then per item and group, the weight gradient
+`+= delta_g @ colᵀ` and the input gradient `col2im(W_gᵀ @ delta_g)` is ADDED into the previous delta.
+# darknet: pjreddie's CPU 1x1 convolution overwrites the previous delta (GEMM beta=0), losing other
+# consumers' gradients; darkpy always adds (as cuDNN and AlexeyAB do).
+
+Keys: filters, size, stride (AlexeyAB stride_x / stride_y), pad / padding (pad=1 means size/2 per side
+and overrides padding), groups, dilation (AlexeyAB: padding is multiplied by the dilation),
+batch_normalize, activation (default logistic), flipped. binary / xnor and AlexeyAB's deformable,
+anti-aliased or weight-sharing variants are rejected with a clear error.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..kernels import activations as act
+from ..kernels import bn as bnk
+from ..kernels import im2col as ic
+from .base import Layer, Param, State, fmt_shape, register
+
+#: Keys that switch on behaviour darkpy does not implement; a non-zero value is an error.
+UNSUPPORTED_KEYS = {
+    "binary": "binary (1-bit) weights", "xnor": "XNOR networks", "bin_output": "binary outputs",
+    "antialiasing": "anti-aliased convolution", "share_index": "weights shared with another layer",
+    "assisted_excitation": "assisted excitation", "sway": "deformable (sway) convolution",
+    "rotate": "deformable (rotate) convolution", "stretch": "deformable (stretch) convolution",
+    "stretch_sway": "deformable (stretch_sway) convolution", "coordconv": "CoordConv",
+}
+
+
+def conv_out_size(size_in: int, k: int, stride: int, pad: int, dilation: int) -> int:
+    """Output length along one axis; `pad` is per side, before multiplying by the dilation."""
+    span = dilation * (k - 1) + 1
+    return (size_in + 2 * pad * dilation - span) // stride + 1
+
+
+class BatchNormParams:
+    """γ (`scales`, learnable), the rolling statistics and the last batch's statistics of a BN block
+    over `n` channels; shared by conv and connected. β lives in the owning layer's `biases`."""
+
+    def __init__(self, n: int, dtype):
+        self.scales = Param("scales", np.ones(n, dtype), np.zeros(n, dtype), decay=False)
+        self.rolling_mean = np.zeros(n, dtype)
+        self.rolling_variance = np.zeros(n, dtype)
+        self.mean = np.zeros(n, dtype)       # batch statistics of the last training forward
+        self.variance = np.zeros(n, dtype)
+
+
+@register
+class ConvolutionalLayer(Layer):
+    kind = "convolutional"
+    aliases = ("conv",)
+    needs_image = True
+
+    def __init__(self, index: int, in_shape, filters: int, size: int, stride_y: int = 1,
+                 stride_x: int = 1, padding: int = 0, groups: int = 1, dilation: int = 1,
+                 batch_normalize: bool = False, activation: str = "logistic", flipped: bool = False,
+                 dtype=np.float32):
+        self.n, self.size, self.groups, self.dilation = filters, size, groups, dilation
+        self.stride_y, self.stride_x, self.padding = stride_y, stride_x, padding
+        super().__init__(index, in_shape, self.compute_out_shape(in_shape), dtype)
+        c = self.in_shape[0]
+        self.activation = activation
+        self.act = act.code(activation)
+        self.batch_normalize = batch_normalize
+        self.flipped = flipped
+        #: True: reproduce pjreddie's CPU batch norm (for comparing with its dumps); see kernels/bn.py.
+        self.darknet_cpu_bn = False
+        self.biases = Param("biases", np.zeros(filters, self.dtype), np.zeros(filters, self.dtype))
+        self.weights = Param("weights", np.zeros((filters, c // groups, size, size), self.dtype),
+                             np.zeros((filters, c // groups, size, size), self.dtype), decay=True)
+        self.bn = BatchNormParams(filters, self.dtype) if batch_normalize else None
+        self.params = [self.biases] + ([self.bn.scales] if self.bn else []) + [self.weights]
+        self.pre = np.zeros((0,), self.dtype)      # pre-activation copy (swish/mish/... without BN)
+        self.xnorm = np.zeros((0,), self.dtype)    # BN x̂ of the last training forward
+        self.wgrad_tmp = np.zeros((0,), self.dtype)
+        self._trained = False                      # last forward was in training mode
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_cfg(cls, sec, in_shape, ctx) -> "ConvolutionalLayer":
+        for key, what in UNSUPPORTED_KEYS.items():
+            if sec.has(key) and sec.get_int(key, 0):
+                raise sec.error(f"{what} is not supported by darkpy", key)
+        filters = sec.get_int("filters", 1)
+        size = sec.get_int("size", 1)
+        stride = sec.get_int("stride", 1)
+        stride_x = sec.get_int("stride_x", stride)
+        stride_y = sec.get_int("stride_y", stride)
+        pad = sec.get_int("pad", 0)
+        padding = sec.get_int("padding", 0)
+        groups = sec.get_int("groups", 1)
+        dilation = sec.get_int("dilation", 1)
+        bn = sec.get_bool("batch_normalize", False)
+        activation = sec.get_choice("activation", act.NAMES, "logistic")
+        flipped = sec.get_bool("flipped", False)
+        if sec.has("dot"):
+            sec.get_float("dot")          # darknet reads it and never uses it
+        for key, value in (("filters", filters), ("size", size), ("stride_x", stride_x),
+                           ("stride_y", stride_y), ("groups", groups), ("dilation", dilation)):
+            if value < 1:
+                raise sec.error(f"must be >= 1 (got {value})", key if sec.has(key) else "stride")
+        if padding < 0:
+            raise sec.error(f"must be >= 0 (got {padding})", "padding")
+        c = in_shape[0]
+        if c % groups or filters % groups:
+            raise sec.error(f"groups={groups} must divide both the input channels ({c}) and filters "
+                            f"({filters})", "groups")
+        if flipped and groups != 1:
+            raise sec.error("flipped=1 with groups > 1 is not supported", "flipped")
+        if pad:
+            padding = size // 2
+        layer = cls(sec.index, in_shape, filters, size, stride_y, stride_x, padding, groups, dilation,
+                    bn, activation, flipped, ctx.dtype)
+        oc, oh, ow = layer.out_shape
+        if oh < 1 or ow < 1:
+            raise sec.error(f"output would be {ow}x{oh}: a {size}x{size} kernel (dilation {dilation}) "
+                            f"with padding {padding} does not fit the {in_shape[2]}x{in_shape[1]} input",
+                            "size")
+        return layer
+
+    def compute_out_shape(self, in_shape):
+        _, h, w = in_shape
+        return (self.n,
+                conv_out_size(h, self.size, self.stride_y, self.padding, self.dilation),
+                conv_out_size(w, self.size, self.stride_x, self.padding, self.dilation))
+
+    def init_weights(self, rng: np.random.Generator) -> None:
+        """Darknet's init: weights sqrt(2/(k·k·c/groups))·N(0,1), biases 0; BN scales 1, rolling
+        mean 0 and rolling variance 0 (as Darknet: an untrained BN layer used for inference
+        therefore divides by sqrt(1e-5) — train it, or load weights, before predicting)."""
+        fan_in = self.size * self.size * self.in_shape[0] // self.groups
+        self.weights.value[...] = math.sqrt(2.0 / fan_in) * rng.standard_normal(self.weights.value.shape)
+        self.biases.value.fill(0)
+        if self.bn:
+            self.bn.scales.value.fill(1)
+            self.bn.rolling_mean.fill(0)
+            self.bn.rolling_variance.fill(0)
+
+    @property
+    def is_gemm_only(self) -> bool:
+        """1x1, stride 1, no padding: the input is its own column matrix, no im2col needed."""
+        return (self.size == 1 and self.stride_x == 1 and self.stride_y == 1 and self.padding == 0)
+
+    @property
+    def col_shape(self) -> tuple:
+        _, oh, ow = self.out_shape
+        return (self.in_shape[0] // self.groups * self.size * self.size, oh * ow)
+
+    def allocate(self, batch: int) -> None:
+        super().allocate(batch)
+        self.pre = (np.zeros_like(self.output) if act.needs_input(self.act) and not self.bn
+                    else np.zeros((0,), self.dtype))
+        self.xnorm = np.zeros_like(self.output) if self.bn else np.zeros((0,), self.dtype)
+        self.wgrad_tmp = np.zeros(self.weights.value.shape[0] // self.groups * self.col_shape[0],
+                                  self.dtype)
+        ic.reserve(self.col_shape[0] * self.col_shape[1], self.dtype)
+        self._trained = False
+
+    def extra_buffers(self) -> list[np.ndarray]:
+        return [self.pre, self.xnorm, self.wgrad_tmp]
+
+    def after_load(self) -> None:
+        """`flipped=1`: the file stores the weight matrix transposed, [c·k·k][n]."""
+        if self.flipped:
+            w = self.weights.value
+            w[...] = w.reshape(-1, self.n).T.reshape(w.shape).copy()
+
+    # -- compute --------------------------------------------------------------------------------
+    def _geometry(self):
+        return self.size, self.stride_y, self.stride_x, self.padding * self.dilation, self.dilation
+
+    def forward(self, s: State) -> None:
+        x = s.input.reshape(self.batch, *self.in_shape)
+        nb = self.batch
+        g, ng = self.groups, self.n // self.groups
+        cg = self.in_shape[0] // g
+        _, oh, ow = self.out_shape
+        y = self.output.reshape(nb, self.n, oh * ow)
+        wmat = self.weights.value.reshape(g, ng, -1)
+        k, sy, sx, pad, dil = self._geometry()
+        for b in range(nb):
+            for j in range(g):
+                xg = x[b, j * cg:(j + 1) * cg]
+                if self.is_gemm_only:
+                    col = xg.reshape(cg, -1)
+                else:
+                    col = ic.get(self.col_shape, self.dtype)
+                    ic.im2col(col, xg, k, sy, sx, pad, dil, oh, ow)
+                np.matmul(wmat[j], col, out=y[b, j * ng:(j + 1) * ng])
+        self._trained = s.train
+        if self.bn is None:
+            bnk.bias_act_forward(y, self.pre.reshape(y.shape) if self.pre.size else y,
+                                 self.biases.value, self.act, self.pre.size > 0)
+        elif s.train:
+            bn = self.bn
+            bnk.bn_act_forward_train(y, self.xnorm.reshape(y.shape), bn.mean, bn.variance,
+                                     bn.rolling_mean, bn.rolling_variance, bn.scales.value,
+                                     self.biases.value, self.act, self.darknet_cpu_bn)
+        else:
+            bn = self.bn
+            bnk.bn_act_forward_infer(y, bn.rolling_mean, bn.rolling_variance, bn.scales.value,
+                                     self.biases.value, self.act, self.darknet_cpu_bn)
+
+    def backward(self, s: State) -> None:
+        nb = self.batch
+        g, ng = self.groups, self.n // self.groups
+        cg = self.in_shape[0] // g
+        _, oh, ow = self.out_shape
+        d = self.delta.reshape(nb, self.n, oh * ow)
+        y = self.output.reshape(d.shape)
+        backward_bias_bn_act(self, d, y)
+        x = s.input.reshape(nb, *self.in_shape)
+        prev = s.delta.reshape(nb, *self.in_shape) if s.delta is not None else None
+        wmat = self.weights.value.reshape(g, ng, -1)
+        wgrad = self.weights.grad.reshape(g, ng, -1)
+        tmp = self.wgrad_tmp.reshape(ng, -1)
+        k, sy, sx, pad, dil = self._geometry()
+        for b in range(nb):
+            for j in range(g):
+                dg = d[b, j * ng:(j + 1) * ng]
+                xg = x[b, j * cg:(j + 1) * cg]
+                if self.is_gemm_only:
+                    col = xg.reshape(cg, -1)
+                else:
+                    col = ic.get(self.col_shape, self.dtype)
+                    ic.im2col(col, xg, k, sy, sx, pad, dil, oh, ow)
+                np.matmul(dg, col.T, out=tmp)
+                ic.add_into(wgrad[j].reshape(-1), tmp.reshape(-1))
+                if prev is None:
+                    continue
+                dcol = ic.get(self.col_shape, self.dtype)
+                np.matmul(wmat[j].T, dg, out=dcol)
+                pg = prev[b, j * cg:(j + 1) * cg]
+                if self.is_gemm_only:
+                    ic.add_into(pg.reshape(-1), dcol.reshape(-1))
+                else:
+                    ic.col2im_add(pg, dcol, k, sy, sx, pad, dil, oh, ow)
+
+    # -- file layout, summary ---------------------------------------------------------------------
+    def weight_arrays(self) -> list[np.ndarray]:
+        arrays = [self.biases.value]
+        if self.bn:
+            arrays += [self.bn.scales.value, self.bn.rolling_mean, self.bn.rolling_variance]
+        return arrays + [self.weights.value]
+
+    def flops(self) -> float:
+        _, oh, ow = self.out_shape
+        return 2.0 * self.n * self.size * self.size * (self.in_shape[0] // self.groups) * oh * ow
+
+    def summary(self) -> str:
+        filters = f"{self.n:5d}" if self.groups == 1 else f"{self.n:5d}/{self.groups}"
+        stride = (f"{self.stride_x:2d}" if self.stride_x == self.stride_y
+                  else f"{self.stride_x}x{self.stride_y}")
+        dil = f" (dil {self.dilation})" if self.dilation > 1 else ""
+        return (f"conv  {filters} {self.size:2d} x{self.size:2d} /{stride}{dil}  "
+                f"{fmt_shape(self.in_shape)}   ->  {fmt_shape(self.out_shape)}  "
+                f"{self.flops() / 1e9:5.3f} BFLOPs")
+
+
+def backward_bias_bn_act(layer, d: np.ndarray, y: np.ndarray) -> None:
+    """Shared by conv and connected: turn `d` (B, C, S), the gradient w.r.t. the activated output,
+    into the gradient w.r.t. the raw product, in place, accumulating bias (and BN scale) gradients."""
+    if layer.bn is None:
+        bnk.bias_act_backward(d, y, layer.pre.reshape(d.shape) if layer.pre.size else y,
+                              layer.biases.grad, layer.act)
+        return
+    if not layer._trained:
+        raise layer.error("batch-norm backward needs a training-mode forward first")
+    bn = layer.bn
+    bnk.bn_act_backward(d, y, layer.xnorm.reshape(d.shape), bn.variance, bn.scales.value,
+                        layer.biases.value, layer.biases.grad, bn.scales.grad, layer.act,
+                        layer.darknet_cpu_bn)
+

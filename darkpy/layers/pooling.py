@@ -1,0 +1,250 @@
+"""Pooling: `[maxpool]`/`[max]`, `[avgpool]`/`[avg]` (global) and `[local_avgpool]`/`[local_avg]`
+(spec §2.6, §2.7; local_avgpool is AlexeyAB's).
+
+Window geometry, shared by maxpool and local_avgpool:
+- `padding` is the TOTAL padding over both sides (default `size-1`), so
+  `out = (in + padding - size) // stride + 1` per axis;
+- the first window starts at `-(padding // 2)`: Darknet computes `-padding/2` in C, which truncates
+  toward zero, so for odd padding the extra row/column falls on the bottom/right;
+- positions outside the image never win a max (Darknet uses -FLT_MAX there) and are left out of an
+  average (AlexeyAB divides by the number of in-image positions, like cuDNN's "exclude padding").
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from ..kernels import pjit
+from .base import Layer, State, fmt_shape, register
+
+
+# -- kernels -------------------------------------------------------------------------------------
+@pjit
+def maxpool_forward(out, idx, x, size, sy, sx, off):
+    """out: (B, C, OH, OW); idx: (B, C, OH, OW) int64, flat index into x of each max (-1: none);
+    x: (B, C, H, W). Ties keep the first position in row-major window order (Darknet's `>`)."""
+    B, C, H, W = x.shape
+    OH, OW = out.shape[2], out.shape[3]
+    for bc in prange(B * C):
+        b = bc // C
+        c = bc % C
+        base = bc * H * W
+        for i in range(OH):
+            for j in range(OW):
+                best = -np.inf
+                best_i = -1
+                for n in range(size):
+                    y = off + i * sy + n
+                    if y < 0 or y >= H:
+                        continue
+                    for m in range(size):
+                        xx = off + j * sx + m
+                        if xx < 0 or xx >= W:
+                            continue
+                        v = x[b, c, y, xx]
+                        if v > best or best_i < 0:
+                            best = v
+                            best_i = base + y * W + xx
+                out[b, c, i, j] = best
+                idx[b, c, i, j] = best_i
+
+
+@pjit
+def maxpool_backward(prev_delta, delta, idx):
+    """prev_delta: (B, C*H*W) flat per item; delta, idx: (B, C*OH*OW). prev_delta[argmax] += delta.
+    Parallel over batch items: two outputs of one item may share an argmax, so an item stays on one
+    thread."""
+    B, n = delta.shape
+    per_item = prev_delta.shape[1]
+    for b in prange(B):
+        for k in range(n):
+            i = idx[b, k]
+            if i >= 0:
+                prev_delta[b, i - b * per_item] += delta[b, k]
+
+
+@pjit
+def local_avgpool_forward(out, x, size, sy, sx, off):
+    """out: (B, C, OH, OW); x: (B, C, H, W). Mean over the in-image positions of each window."""
+    B, C, H, W = x.shape
+    OH, OW = out.shape[2], out.shape[3]
+    for bc in prange(B * C):
+        b = bc // C
+        c = bc % C
+        for i in range(OH):
+            for j in range(OW):
+                acc = 0.0 * x[b, c, 0, 0]
+                count = 0
+                for n in range(size):
+                    y = off + i * sy + n
+                    if y < 0 or y >= H:
+                        continue
+                    for m in range(size):
+                        xx = off + j * sx + m
+                        if 0 <= xx < W:
+                            acc += x[b, c, y, xx]
+                            count += 1
+                out[b, c, i, j] = acc / count if count > 0 else 0.0 * acc
+
+
+@pjit
+def local_avgpool_backward(prev_delta, delta, size, sy, sx, off):
+    """prev_delta: (B, C, H, W); delta: (B, C, OH, OW). Each in-image window position gets
+    delta / (number of in-image positions in that window), added."""
+    B, C, H, W = prev_delta.shape
+    OH, OW = delta.shape[2], delta.shape[3]
+    for bc in prange(B * C):
+        b = bc // C
+        c = bc % C
+        for i in range(OH):
+            y0 = max(off + i * sy, 0)
+            y1 = min(off + i * sy + size, H)
+            for j in range(OW):
+                x0 = max(off + j * sx, 0)
+                x1 = min(off + j * sx + size, W)
+                if y1 <= y0 or x1 <= x0:
+                    continue
+                g = delta[b, c, i, j] / ((y1 - y0) * (x1 - x0))
+                for y in range(y0, y1):
+                    for xx in range(x0, x1):
+                        prev_delta[b, c, y, xx] += g
+
+
+# -- layers --------------------------------------------------------------------------------------
+def _window_out(n: int, padding: int, size: int, stride: int) -> int:
+    return (n + padding - size) // stride + 1
+
+
+class _WindowPool(Layer):
+    """Shared geometry of maxpool and local_avgpool."""
+
+    needs_image = True
+    label = ""                               # the summary line's name
+
+    def __init__(self, index, in_shape, size, stride_x, stride_y, padding, dtype=np.float32):
+        self.size, self.stride_x, self.stride_y, self.padding = size, stride_x, stride_y, padding
+        # darknet: the window origin is C's `-padding/2` (truncation toward zero), i.e. -(padding//2)
+        self.offset = -(padding // 2)
+        super().__init__(index, in_shape, self.compute_out_shape(in_shape), dtype)
+
+    @classmethod
+    def from_cfg(cls, sec, in_shape, ctx):
+        stride = sec.get_int("stride", 1)
+        stride_x = sec.get_int("stride_x", stride)
+        stride_y = sec.get_int("stride_y", stride)
+        size = sec.get_int("size", stride)
+        padding = sec.get_int("padding", size - 1)
+        for key, value in (("stride", stride), ("stride_x", stride_x), ("stride_y", stride_y), ("size", size)):
+            if value < 1:
+                raise sec.error(f"must be >= 1 (got {value})", key)
+        if padding < 0:
+            raise sec.error(f"must be >= 0 (got {padding})", "padding")
+        for key in ("maxpool_depth", "antialiasing", "maxpool_zero_nonmax"):
+            if sec.get_int(key, 0):
+                raise sec.error(f"{key}=1 (AlexeyAB) is not supported by darkpy", key)
+        c, h, w = in_shape
+        oh, ow = _window_out(h, padding, size, stride_y), _window_out(w, padding, size, stride_x)
+        if oh < 1 or ow < 1:
+            raise sec.error(f"window size {size} with padding {padding} does not fit the {w}x{h} input "
+                            f"(output would be {ow}x{oh})", "size")
+        return cls(sec.index, in_shape, size, stride_x, stride_y, padding, ctx.dtype)
+
+    def compute_out_shape(self, in_shape):
+        c, h, w = in_shape
+        return (c, _window_out(h, self.padding, self.size, self.stride_y),
+                _window_out(w, self.padding, self.size, self.stride_x))
+
+    def resize(self, in_shape) -> None:
+        super().resize(in_shape)
+        if min(self.out_shape) < 1:
+            raise self.error(f"input {in_shape} is too small for window {self.size} (output {self.out_shape})")
+
+    def _strides(self) -> str:
+        if self.stride_x == self.stride_y:
+            return f"{self.stride_x}"
+        return f"{self.stride_x}x{self.stride_y}"
+
+    def summary(self) -> str:
+        return (f"{self.label:<13}{self.size} x {self.size} / {self._strides()}  {fmt_shape(self.in_shape)}   ->  "
+                f"{fmt_shape(self.out_shape)}")
+
+
+@register
+class MaxPoolLayer(_WindowPool):
+    """Max over each window; the argmax of each output is kept so backward adds into it only."""
+
+    kind = "maxpool"
+    aliases = ("max",)
+    label = "max"
+
+    def allocate(self, batch: int) -> None:
+        super().allocate(batch)
+        self.indexes = np.full((batch, *self.out_shape), -1, np.int64)
+
+    def extra_buffers(self):
+        return [self.indexes]
+
+    def forward(self, s: State) -> None:
+        x = s.input.reshape(self.batch, *self.in_shape)
+        maxpool_forward(self.output, self.indexes, x, self.size, self.stride_y, self.stride_x, self.offset)
+
+    def backward(self, s: State) -> None:
+        if s.delta is None:
+            return
+        maxpool_backward(s.delta.reshape(self.batch, -1), self.delta.reshape(self.batch, -1),
+                         self.indexes.reshape(self.batch, -1))
+
+
+@register
+class LocalAvgPoolLayer(_WindowPool):
+    """AlexeyAB's `[local_avgpool]`: maxpool's windows, averaged over the in-image positions."""
+
+    kind = "local_avgpool"
+    aliases = ("local_avg",)
+    label = "local_avg"
+
+    def forward(self, s: State) -> None:
+        x = s.input.reshape(self.batch, *self.in_shape)
+        local_avgpool_forward(self.output, x, self.size, self.stride_y, self.stride_x, self.offset)
+
+    def backward(self, s: State) -> None:
+        if s.delta is None:
+            return
+        local_avgpool_backward(s.delta.reshape(self.batch, *self.in_shape), self.delta, self.size,
+                               self.stride_y, self.stride_x, self.offset)
+
+
+@register
+class AvgPoolLayer(Layer):
+    """Global average pooling: (c, h, w) -> (c, 1, 1), each channel the mean over h*w."""
+
+    kind = "avgpool"
+    aliases = ("avg",)
+    needs_image = True
+
+    @classmethod
+    def from_cfg(cls, sec, in_shape, ctx) -> "AvgPoolLayer":
+        return cls(sec.index, in_shape, (in_shape[0], 1, 1), ctx.dtype)
+
+    def compute_out_shape(self, in_shape):
+        return (in_shape[0], 1, 1)
+
+    def allocate(self, batch: int) -> None:
+        super().allocate(batch)
+        self.scratch = np.zeros((batch, self.in_shape[0], 1), self.dtype)
+
+    def forward(self, s: State) -> None:
+        c, h, w = self.in_shape
+        out = self.output.reshape(self.batch, c)
+        np.sum(s.input.reshape(self.batch, c, h * w), axis=2, out=out)
+        out /= h * w   # darknet: sum, then divide by h*w
+
+    def backward(self, s: State) -> None:
+        if s.delta is None:
+            return
+        c, h, w = self.in_shape
+        np.multiply(self.delta.reshape(self.batch, c, 1), 1.0 / (h * w), out=self.scratch)
+        s.delta.reshape(self.batch, c, h * w)[...] += self.scratch
+
+    def summary(self) -> str:
+        return f"avg                     {fmt_shape(self.in_shape)}   ->  {self.outputs:4d}"

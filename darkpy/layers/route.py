@@ -1,0 +1,102 @@
+"""`[route]`: concatenate earlier layers' outputs (spec §2.16, §1.4, §12).
+
+`layers=` lists the sources (negative = relative to this layer). The output of each item is the
+concatenation, in list order, of the sources' flat outputs. When every source is an image of the
+same width and height the output is that image with the channels stacked; otherwise it is a flat
+vector, as in Darknet (a following layer that needs an image then says so; route warns at build
+time, naming the shapes, so that message has a cause).
+
+AlexeyAB's `groups`/`group_id` take, from each source, the `group_id`-th of `groups` equal
+contiguous chunks of its flat output (for an image: a block of whole channels).
+
+Backward ADDS each slice of this layer's delta into its source's delta: a source read by several
+layers receives the sum of all their gradients.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Layer, Shape, State, fmt_shape, is_image, numel, register
+
+
+def shape_text(shape: Shape) -> str:
+    """A shape as users read it in Darknet's tables: `WxHxC`, or `N (flat)`."""
+    if len(shape) == 3:
+        c, h, w = shape
+        return f"{w}x{h}x{c}"
+    return f"{numel(shape)} (flat)"
+
+
+@register
+class RouteLayer(Layer):
+    kind = "route"
+
+    def __init__(self, index: int, in_shape: Shape, refs, sources: list[Layer], groups: int = 1,
+                 group_id: int = 0, dtype=np.float32):
+        self.refs = tuple(refs)
+        self.sources = list(sources)    # the Layer objects, for their shapes at resize time
+        self.groups = groups
+        self.group_id = group_id
+        self.parts: list[int] = []      # values taken from each source, per item
+        super().__init__(index, in_shape, self._route_shape(), dtype)
+
+    @classmethod
+    def from_cfg(cls, sec, in_shape, ctx) -> "RouteLayer":
+        refs = [ctx.ref(sec, "layers", v) for v in sec.get_int_list("layers")]
+        groups = sec.get_int("groups", 1)
+        group_id = sec.get_int("group_id", 0)
+        if groups < 1:
+            raise sec.error(f"must be >= 1 (got {groups})", "groups")
+        if not 0 <= group_id < groups:
+            raise sec.error(f"must be in 0..{groups - 1} (got {group_id})", "group_id")
+        sources = [ctx.layers[i] for i in refs]
+        for i, src in zip(refs, sources):
+            per = src.out_shape[0] if is_image(src.out_shape) else src.outputs
+            if per % groups:
+                what = "channels" if is_image(src.out_shape) else "values"
+                raise sec.error(f"layer {i} has {per} {what}, not divisible by groups={groups}", "groups")
+        layer = cls(sec.index, in_shape, refs, sources, groups, group_id, ctx.dtype)
+        if not is_image(layer.out_shape) and any(is_image(s.out_shape) for s in sources):
+            shapes = ", ".join(f"layer {i} is {shape_text(s.out_shape)}" for i, s in zip(refs, sources))
+            sec.warn(f"inputs have different sizes ({shapes}); the output is a flat vector of "
+                     f"{layer.outputs} values, as in darknet, so no later layer can treat it as an image",
+                     "layers")
+        return layer
+
+    def _route_shape(self) -> Shape:
+        """The output shape from the sources' current shapes (also fills `self.parts`)."""
+        shapes = [s.out_shape for s in self.sources]
+        self.parts = [numel(sh) // self.groups for sh in shapes]
+        first = shapes[0]
+        if all(is_image(sh) and sh[1:] == first[1:] for sh in shapes):
+            return (sum(sh[0] for sh in shapes) // self.groups, first[1], first[2])
+        return (sum(self.parts),)
+
+    def resize(self, in_shape: Shape) -> None:
+        """Sources come earlier, so they already have their new shapes: recompute from them."""
+        self.in_shape = tuple(in_shape)
+        self.out_shape = self._route_shape()
+
+    def forward(self, s: State) -> None:
+        out = self.output.reshape(self.batch, -1)
+        offset = 0
+        for i, part in zip(self.refs, self.parts):
+            src = s.layers[i].output.reshape(self.batch, -1)
+            start = part * self.group_id
+            np.copyto(out[:, offset:offset + part], src[:, start:start + part])
+            offset += part
+
+    def backward(self, s: State) -> None:
+        delta = self.delta.reshape(self.batch, -1)
+        offset = 0
+        for i, part in zip(self.refs, self.parts):
+            dst = s.layers[i].delta.reshape(self.batch, -1)
+            start = part * self.group_id
+            dst[:, start:start + part] += delta[:, offset:offset + part]
+            offset += part
+
+    def summary(self) -> str:
+        line = "route " + "".join(f" {i}" for i in self.refs)
+        if self.groups > 1:     # AlexeyAB's form: group_id/groups and the output shape
+            line += f"   {self.group_id}/{self.groups} -> {fmt_shape(self.out_shape)}"
+        return line

@@ -1,0 +1,151 @@
+"""`[softmax]`/`[soft]`: softmax over contiguous groups, with softmax cross-entropy when there is
+truth (spec §2.9, §8.1).
+
+Each item's flat input is split into `groups` CONTIGUOUS chunks of `inputs/groups` values (not a
+per-pixel channel softmax) and each chunk becomes `softmax(x / temperature)`, with the maximum
+subtracted first. The output is flat.
+
+With truth (and not `noloss`):
+- `loss[i] = -log p[i]` wherever `t[i] != 0`, else 0 — Darknet's rule: the truth value is not
+  used as a weight, so a soft label 0.25 contributes the full `-log p`;
+- `delta = t - p`, the negative gradient of cross-entropy w.r.t. the logits (for one-hot truth and
+  temperature 1 it is exactly the negative gradient of the cost);
+- `cost = sum(loss)` over the batch.
+
+Backward adds `delta` to the previous layer's delta unchanged: the softmax Jacobian is never
+applied (it is absorbed by the cross-entropy). darknet: this also holds when a later layer (e.g.
+`[cost] type=sse`) adds into this layer's delta, which doubles the effective gradient of a
+softmax + sse pair; darkpy keeps that so training matches Darknet.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import prange
+
+from ..errors import StateError
+from ..kernels import pjit
+from .base import Layer, State, numel, register
+
+
+@pjit
+def softmax_forward(out, x, groups, temp):
+    """out, x: (B, n) flat per item, n divisible by groups. Softmax of x/temp over each group."""
+    B, n = x.shape
+    size = n // groups
+    for bg in prange(B * groups):
+        b = bg // groups
+        lo = (bg % groups) * size
+        largest = -np.inf
+        for i in range(lo, lo + size):
+            if x[b, i] > largest:
+                largest = x[b, i]
+        total = 0.0
+        for i in range(lo, lo + size):
+            e = math.exp(x[b, i] / temp - largest / temp)
+            total += e
+            out[b, i] = e
+        for i in range(lo, lo + size):
+            out[b, i] /= total
+
+
+@pjit
+def softmax_xent(delta, loss, p, x, t, groups, temp):
+    """delta, loss, p, x, t: (B, n). delta = t - p; loss = -log p where t != 0, else 0.
+
+    -log p is computed from the logits (log-sum-exp), so it stays finite where p underflows to 0
+    (darknet: -log of the stored float, which is inf there)."""
+    B, n = x.shape
+    size = n // groups
+    for bg in prange(B * groups):
+        b = bg // groups
+        lo = (bg % groups) * size
+        largest = -np.inf
+        for i in range(lo, lo + size):
+            if x[b, i] > largest:
+                largest = x[b, i]
+        total = 0.0
+        for i in range(lo, lo + size):
+            total += math.exp(x[b, i] / temp - largest / temp)
+        lse = math.log(total)
+        for i in range(lo, lo + size):
+            delta[b, i] = t[b, i] - p[b, i]
+            if t[b, i] != 0:
+                # darknet: -log of the stored float p (inf where p underflows); same value otherwise
+                loss[b, i] = lse - (x[b, i] / temp - largest / temp)
+            else:
+                loss[b, i] = 0.0
+
+
+@register
+class SoftmaxLayer(Layer):
+    kind = "softmax"
+    aliases = ("soft",)
+    has_cost = True
+
+    def __init__(self, index, in_shape, groups: int = 1, temperature: float = 1.0, noloss: bool = False,
+                 dtype=np.float32):
+        super().__init__(index, in_shape, (numel(in_shape),), dtype)
+        self.groups = groups
+        self.temperature = temperature
+        self.noloss = noloss
+
+    @classmethod
+    def from_cfg(cls, sec, in_shape, ctx) -> "SoftmaxLayer":
+        groups = sec.get_int("groups", 1)
+        temperature = sec.get_float("temperature", 1.0)
+        noloss = sec.get_bool("noloss", False)
+        if sec.has("tree"):
+            raise sec.error(f"hierarchical softmax (tree={sec.raw('tree')}, YOLO9000) is not supported by "
+                            f"darkpy", "tree")
+        if sec.get_int("spatial", 0):
+            raise sec.error("spatial=1 (a GPU-only per-pixel softmax in Darknet) is not supported by darkpy",
+                            "spatial")
+        n = numel(in_shape)
+        if groups < 1 or n % groups:
+            raise sec.error(f"must be >= 1 and divide the {n} inputs (got {groups})", "groups")
+        if temperature <= 0:
+            raise sec.error(f"must be > 0 (got {temperature})", "temperature")
+        return cls(sec.index, in_shape, groups, temperature, noloss, ctx.dtype)
+
+    def compute_out_shape(self, in_shape):
+        n = numel(in_shape)
+        if n % self.groups:
+            raise self.error(f"groups={self.groups} does not divide the {n} inputs of the resized network")
+        return (n,)
+
+    def forward(self, s: State) -> None:
+        x = s.input.reshape(self.batch, self.outputs)
+        softmax_forward(self.output, x, self.groups, self.temperature)
+        if s.truth is None:
+            return
+        if self.noloss:
+            # darknet: a noloss softmax still has a cost (0) that counts in the network's average
+            self.loss.fill(0)
+            self.cost = 0.0
+            return
+        t = truth_rows(s, self)
+        softmax_xent(self.delta, self.loss, self.output, x, t, self.groups, self.temperature)
+        self.cost = float(self.loss.sum(dtype=np.float64))
+
+    def backward(self, s: State) -> None:
+        # darknet: no softmax Jacobian, whatever added into self.delta (module docstring)
+        if s.delta is not None:
+            s.delta += self.delta.reshape(s.delta.shape)
+
+    def clear_cost(self) -> None:
+        super().clear_cost()
+        self.delta.fill(0)
+
+    def summary(self) -> str:
+        return f"softmax                                        {self.inputs:4d}"
+
+
+def truth_rows(s: State, layer: Layer) -> np.ndarray:
+    """The truth rows for a loss layer whose truth has the layer's own output size, as (batch, n)."""
+    t = s.truth
+    if t.size != layer.batch * layer.outputs:
+        raise StateError(f"[{layer.kind}] layer {layer.index} needs {layer.outputs} truth values per item, "
+                         f"got {t.size // max(layer.batch, 1)}")
+    return t.reshape(layer.batch, layer.outputs)

@@ -1,0 +1,457 @@
+"""`[yolo]`: the YOLOv3/v4 detection head (spec §2.21, §8.3), with the fork's cheap extras.
+
+Layout per item, anchor a of the `mask`: planes `[x, y, w, h, obj, cls_0 .. cls_{C-1}]`, each `h×w`,
+so entry e of anchor a at cell `loc` is at `a·(5+C)·hw + e·hw + loc`.
+
+Forward: copy the input, logistic on x, y, obj and the classes (w, h stay raw); the fork's
+`scale_x_y = s` maps x, y to `s·σ - (s-1)/2`; `new_coords=1` applies no activation (the conv before
+has it) and decodes sizes as `(2·out)²·anchor`.
+
+Training (truth given): Darknet's rules, in order, per image:
+1. every slot (cell, anchor): obj delta `obj_normalizer·(0 - obj)`, zeroed when the slot's predicted
+   box overlaps some truth by more than `ignore_thresh`; a slot overlapping a truth by more than
+   `truth_thresh` (default 1: never) becomes a positive for it;
+2. every truth box (the list ends at the first x == 0, at most `max`): the anchor among ALL `num`
+   anchors with the best shape-only IoU; if it is in this head's mask, the slot at the truth's cell
+   gets box, objectness (target 1) and class (one-hot) deltas. The fork's `iou_thresh < 1` makes every
+   other masked anchor with shape IoU above it a positive too.
+Box deltas, `iou_loss=mse` (Darknet's): `s·(t - p)·iou_normalizer` with `s = 2 - w·h`, targets
+`tx = x·lw - i`, `tw = log(w·net_w/anchor_w)` (x, y in the activated space, w, h raw). Other
+`iou_loss` kinds use the exact derivative of Q = IoU/GIoU/DIoU/CIoU (see kernels/boxes.py) in the
+fork's box-space convention: `δx = n·∂Q/∂bx`, `δw = 2n·∂Q/∂bw·e^{tw}` (n = iou_normalizer).
+Class delta: `cls_normalizer·(t - p)` for every class; when a second truth lands on the same slot
+(its class-0 delta is already non-zero) only its own class entry is set, to `1 - p` (Darknet).
+
+Deltas are negative gradients of: binary cross-entropy on x, y (targets tx, ty), obj and each class,
+and ½·s·(t - z)² on w, h — no sigmoid derivative is applied in backward because the cross-entropy
+gradient with respect to the logit already is `σ - t`. `cost = Σ δ²` (what Darknet reports).
+
+Not copied from Darknet: a class id outside 0..classes-1, a box centre outside [0, 1] or a
+non-positive size is skipped and counted (`stats["bad_truths"]`) instead of writing out of bounds; a
+truth at x == 1 or y == 1 uses the last cell (`# darknet:` it indexes one past the grid).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import StateError
+from ..kernels import jit
+from ..kernels.boxes import IOU_KINDS, box_iou, iou_kind_grad
+from .base import Layer, State, register
+
+MSE = -1
+#: stats slots filled by the training kernel
+_IOU, _CAT, _OBJ, _ANYOBJ, _R50, _R75, _COUNT, _BAD = range(8)
+
+#: fork keys darkpy reads but does not implement: a non-default value is warned about
+_IGNORED_KEYS = {"focal_loss": "0", "objectness_smooth": "0", "delta_normalizer": "1", "iou_thresh_kind": "iou",
+                 "counters_per_class": None, "track_history_size": None, "sim_thresh": None,
+                 "dets_for_track": None, "dets_for_show": None, "track_ciou_norm": None,
+                 "embedding_layer": None, "show_details": None}
+
+
+@jit
+def _logistic(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+@jit
+def yolo_activate(out, x, n, entries, hw, scale_xy, new_coords):
+    """out = the head's activations of x (see module doc)."""
+    # out, x: (batch, n*entries*hw)
+    shift = -0.5 * (scale_xy - 1.0)
+    for b in range(x.shape[0]):
+        for a in range(n):
+            base = a * entries * hw
+            for k in range(base, base + 2 * hw):
+                v = x[b, k] if new_coords else _logistic(x[b, k])
+                out[b, k] = v * scale_xy + shift
+            for k in range(base + 2 * hw, base + 4 * hw):
+                out[b, k] = x[b, k]
+            for k in range(base + 4 * hw, base + entries * hw):
+                out[b, k] = x[b, k] if new_coords else _logistic(x[b, k])
+
+
+@jit
+def _pred_box(out, b, idx, hw, i, j, lw, lh, aw, ah, net_w, net_h, new_coords):
+    """The predicted box (image-relative x, y, w, h) of the slot whose x entry is at out[b, idx]."""
+    px = (i + out[b, idx]) / lw
+    py = (j + out[b, idx + hw]) / lh
+    tw, th = out[b, idx + 2 * hw], out[b, idx + 3 * hw]
+    if new_coords:
+        return px, py, tw * tw * 4 * aw / net_w, th * th * 4 * ah / net_h
+    return px, py, math.exp(tw) * aw / net_w, math.exp(th) * ah / net_h
+
+
+@jit
+def _box_delta(delta, out, b, idx, hw, i, j, lw, lh, aw, ah, net_w, net_h, tx, ty, tw, th, scale,
+               iou_kind, iou_norm, max_delta, new_coords):
+    """Write the box deltas of one positive slot; return the IoU of its prediction with the truth."""
+    px, py, pw, ph = _pred_box(out, b, idx, hw, i, j, lw, lh, aw, ah, net_w, net_h, new_coords)
+    iou = box_iou(px, py, pw, ph, tx, ty, tw, th)
+    if iou_kind < 0:
+        if new_coords:
+            gw = math.sqrt(tw * net_w / (4 * aw))
+            gh = math.sqrt(th * net_h / (4 * ah))
+        else:
+            gw = math.log(tw * net_w / aw)
+            gh = math.log(th * net_h / ah)
+        s = scale * iou_norm
+        delta[b, idx] = s * (tx * lw - i - out[b, idx])
+        delta[b, idx + hw] = s * (ty * lh - j - out[b, idx + hw])
+        delta[b, idx + 2 * hw] = s * (gw - out[b, idx + 2 * hw])
+        delta[b, idx + 3 * hw] = s * (gh - out[b, idx + 3 * hw])
+        return iou
+    if pw == 0:
+        pw = 1.0
+    if ph == 0:
+        ph = 1.0
+    q, gx, gy, gw, gh = iou_kind_grad(iou_kind, px, py, pw, ph, tx, ty, tw, th)
+    dx = iou_norm * gx
+    dy = iou_norm * gy
+    dw = 2 * iou_norm * gw * (1.0 if new_coords else math.exp(out[b, idx + 2 * hw]))
+    dh = 2 * iou_norm * gh * (1.0 if new_coords else math.exp(out[b, idx + 3 * hw]))
+    delta[b, idx] = min(max(dx, -max_delta), max_delta)
+    delta[b, idx + hw] = min(max(dy, -max_delta), max_delta)
+    delta[b, idx + 2 * hw] = min(max(dw, -max_delta), max_delta)
+    delta[b, idx + 3 * hw] = min(max(dh, -max_delta), max_delta)
+    return iou
+
+
+@jit
+def _class_delta(delta, out, b, cidx, hw, cls, classes, cls_norm, eps):
+    """One-hot class deltas at a positive slot; returns the predicted probability of `cls`."""
+    on = 1.0 - 0.5 * eps
+    off = 0.5 * eps
+    if delta[b, cidx] != 0:   # darknet: an earlier truth already set this slot: only its own class
+        delta[b, cidx + cls * hw] = cls_norm * (on - out[b, cidx + cls * hw])
+        return out[b, cidx + cls * hw]
+    for c in range(classes):
+        t = on if c == cls else off
+        delta[b, cidx + c * hw] = cls_norm * (t - out[b, cidx + c * hw])
+    return out[b, cidx + cls * hw]
+
+
+@jit
+def _valid_truth(truth, b, t, classes):
+    """-1: end of list (x == 0); 0: a malformed box to skip; 1: usable."""
+    x = truth[b, 5 * t]
+    if x == 0:
+        return -1
+    y, w, h, c = truth[b, 5 * t + 1], truth[b, 5 * t + 2], truth[b, 5 * t + 3], truth[b, 5 * t + 4]
+    if not (0 < x <= 1 and 0 <= y <= 1 and w > 0 and h > 0 and 0 <= c < classes):
+        return 0
+    return 1
+
+
+@jit
+def yolo_delta(delta, stats, out, truth, biases, mask, class_map, lw, lh, net_w, net_h, classes,
+               max_boxes, ignore_thresh, truth_thresh, iou_kind, iou_norm, obj_norm, cls_norm, eps,
+               max_delta, iou_thresh, new_coords):
+    """Darknet's yolo training deltas (module doc) into `delta` (zeroed by the caller)."""
+    # delta, out: (batch, n*(5+classes)*lw*lh); truth: (batch, >= 5*max_boxes); biases: (2*total,)
+    # mask: (n,) anchor index per slot; class_map: (classes,) or more; stats: (8,) float64 sums
+    n = mask.shape[0]
+    total = biases.shape[0] // 2
+    hw = lw * lh
+    entries = 5 + classes
+    for b in range(out.shape[0]):
+        for j in range(lh):
+            for i in range(lw):
+                for a in range(n):
+                    idx = a * entries * hw + j * lw + i
+                    aw, ah = biases[2 * mask[a]], biases[2 * mask[a] + 1]
+                    px, py, pw, ph = _pred_box(out, b, idx, hw, i, j, lw, lh, aw, ah, net_w, net_h, new_coords)
+                    best_iou = 0.0
+                    best_t = 0
+                    for t in range(max_boxes):
+                        v = _valid_truth(truth, b, t, classes)
+                        if v < 0:
+                            break
+                        if v == 0:
+                            continue
+                        iou = box_iou(px, py, pw, ph, truth[b, 5 * t], truth[b, 5 * t + 1],
+                                      truth[b, 5 * t + 2], truth[b, 5 * t + 3])
+                        if iou > best_iou:
+                            best_iou = iou
+                            best_t = t
+                    oidx = idx + 4 * hw
+                    stats[_ANYOBJ] += out[b, oidx]
+                    delta[b, oidx] = obj_norm * (0.0 - out[b, oidx])
+                    if best_iou > ignore_thresh:
+                        delta[b, oidx] = 0.0
+                    if best_iou > truth_thresh:
+                        delta[b, oidx] = obj_norm * (1.0 - out[b, oidx])
+                        tx, ty = truth[b, 5 * best_t], truth[b, 5 * best_t + 1]
+                        tw, th = truth[b, 5 * best_t + 2], truth[b, 5 * best_t + 3]
+                        cls = class_map[int(truth[b, 5 * best_t + 4])]
+                        _class_delta(delta, out, b, idx + 5 * hw, hw, cls, classes, cls_norm, eps)
+                        _box_delta(delta, out, b, idx, hw, i, j, lw, lh, aw, ah, net_w, net_h, tx, ty, tw,
+                                   th, 2 - tw * th, iou_kind, iou_norm, max_delta, new_coords)
+        for t in range(max_boxes):
+            v = _valid_truth(truth, b, t, classes)
+            if v < 0:
+                break
+            if v == 0:
+                stats[_BAD] += 1
+                continue
+            tx, ty = truth[b, 5 * t], truth[b, 5 * t + 1]
+            tw, th = truth[b, 5 * t + 2], truth[b, 5 * t + 3]
+            cls = class_map[int(truth[b, 5 * t + 4])]
+            i = min(int(tx * lw), lw - 1)   # darknet: no clamp, x == 1 indexes past the grid
+            j = min(int(ty * lh), lh - 1)
+            best_iou = 0.0
+            best_n = 0
+            for k in range(total):
+                iou = box_iou(0.0, 0.0, biases[2 * k] / net_w, biases[2 * k + 1] / net_h, 0.0, 0.0, tw, th)
+                if iou > best_iou:
+                    best_iou = iou
+                    best_n = k
+            for a in range(n):
+                k = mask[a]
+                if k != best_n:
+                    if iou_thresh >= 1.0:
+                        continue
+                    shape_iou = box_iou(0.0, 0.0, biases[2 * k] / net_w, biases[2 * k + 1] / net_h,
+                                        0.0, 0.0, tw, th)
+                    if shape_iou <= iou_thresh:
+                        continue
+                idx = a * entries * hw + j * lw + i
+                iou = _box_delta(delta, out, b, idx, hw, i, j, lw, lh, biases[2 * k], biases[2 * k + 1],
+                                 net_w, net_h, tx, ty, tw, th, 2 - tw * th, iou_kind, iou_norm, max_delta,
+                                 new_coords)
+                oidx = idx + 4 * hw
+                stats[_OBJ] += out[b, oidx]
+                delta[b, oidx] = obj_norm * (1.0 - out[b, oidx])
+                stats[_CAT] += _class_delta(delta, out, b, idx + 5 * hw, hw, cls, classes, cls_norm, eps)
+                stats[_IOU] += iou
+                stats[_COUNT] += 1
+                if iou > 0.5:
+                    stats[_R50] += 1
+                if iou > 0.75:
+                    stats[_R75] += 1
+
+
+def _same(value: str, default: str) -> bool:
+    try:
+        return float(value) == float(default)
+    except ValueError:
+        return value == default
+
+
+def read_class_map(path: str, sec) -> np.ndarray:
+    """A `map=` file: one int per line, line i is the class id that truth class i trains."""
+    try:
+        with open(path) as f:
+            values = [int(line) for line in f if line.strip()]
+    except OSError as e:
+        raise sec.error(f"cannot read the class map file {path!r} ({e.strerror})", "map") from None
+    except ValueError:
+        raise sec.error(f"{path!r} must hold one integer per line", "map") from None
+    return np.asarray(values, np.int64)
+
+
+def letterbox_correct(boxes: np.ndarray, img_w: int, img_h: int, net_w: int, net_h: int,
+                      letterbox: bool = True) -> None:
+    """Map net-relative boxes (N, 4) to image-relative ones, in place (Darknet's correct_yolo_boxes).
+
+    With `letterbox` the image was scaled to fit the net keeping its aspect ratio (new sizes use
+    integer division, as Darknet) and centred; without it the image was stretched (no change)."""
+    if not letterbox:
+        return
+    if net_w / img_w < net_h / img_h:
+        new_w, new_h = net_w, (img_h * net_w) // img_w
+    else:
+        new_w, new_h = (img_w * net_h) // img_h, net_h
+    boxes[:, 0] = (boxes[:, 0] - (net_w - new_w) / 2.0 / net_w) / (new_w / net_w)
+    boxes[:, 1] = (boxes[:, 1] - (net_h - new_h) / 2.0 / net_h) / (new_h / net_h)
+    boxes[:, 2] *= net_w / new_w
+    boxes[:, 3] *= net_h / new_h
+
+
+def truth_boxes(layer: Layer, truth: np.ndarray) -> int:
+    """How many [x,y,w,h,class] rows the heads may read from `truth` (batch, values): `max`, checked."""
+    if truth.ndim != 2 or truth.shape[0] != layer.batch or truth.shape[1] < 5 * layer.max_boxes:
+        raise StateError(f"layer {layer.index} [{layer.kind}] needs truth of shape (batch, {5 * layer.max_boxes}) "
+                         f"(max={layer.max_boxes} boxes of x,y,w,h,class); got {truth.shape}")
+    return layer.max_boxes
+
+
+@register
+class YoloLayer(Layer):
+    """The YOLOv3 head. See the module docstring for forward, loss and the fork keys."""
+
+    kind = "yolo"
+    has_cost = True
+    needs_image = True
+    is_detection_head = True
+    letterbox_boxes = True      # detect.py maps its boxes back through the letterbox (correct_yolo_boxes)
+
+    def __init__(self, index, in_shape, *, classes, mask, biases, max_boxes=90, net_wh=(0, 0), dtype=np.float32):
+        super().__init__(index, in_shape, in_shape, dtype)
+        self.classes = classes
+        self.mask = np.asarray(mask, np.int64)
+        self.n = len(mask)
+        self.total = len(biases) // 2
+        self.biases = np.asarray(biases, np.float64)
+        self.max_boxes = max_boxes
+        self.net_wh = net_wh
+        self.jitter = 0.2
+        self.ignore_thresh = 0.5
+        self.truth_thresh = 1.0
+        self.random = 0.0
+        self.class_map = np.arange(classes, dtype=np.int64)
+        self.scale_x_y = 1.0
+        self.iou_loss = MSE
+        self.iou_normalizer = 1.0
+        self.obj_normalizer = 1.0
+        self.cls_normalizer = 1.0
+        self.label_smooth_eps = 0.0
+        self.max_delta = math.inf
+        self.iou_thresh = 1.0
+        self.new_coords = False
+        self.nms_kind = "default"
+        self.beta_nms = 0.6
+        self.resize_factor = 1.0
+        self.stats: dict[str, float] = {}
+        self._stats = np.zeros(8, np.float64)
+
+    # -- construction ------------------------------------------------------------------------------
+    @classmethod
+    def from_cfg(cls, sec, in_shape, ctx):
+        classes = sec.get_int("classes", 20)
+        total = sec.get_int("num", 1)
+        if classes < 1 or total < 1:
+            raise sec.error(f"classes and num must be >= 1 (got classes={classes}, num={total})",
+                            "classes" if classes < 1 else "num")
+        mask = sec.get_int_list("mask", list(range(total)))
+        for m in mask:
+            if not 0 <= m < total:
+                raise sec.error(f"mask value {m} is not an anchor index 0..{total - 1} (num={total})", "mask")
+        anchors = sec.get_float_list("anchors", [0.5] * (2 * total))
+        if len(anchors) < 2 * total:
+            raise sec.error(f"needs 2*num = {2 * total} values (w,h per anchor), got {len(anchors)}", "anchors")
+        anchors = anchors[:2 * total]
+        if any(v <= 0 for v in anchors):
+            raise sec.error("anchor sizes must be > 0", "anchors")
+        c, h, w = in_shape
+        need = len(mask) * (classes + 5)
+        if c != need:
+            raise sec.error(f"the layer before must output len(mask)*(classes+5) = {len(mask)}*({classes}+5)"
+                            f" = {need} channels (set filters={need} in the last [convolutional]); it has {c}")
+        layer = cls(sec.index, in_shape, classes=classes, mask=mask, biases=anchors,
+                    max_boxes=sec.get_int("max", 90), net_wh=(ctx.net.width, ctx.net.height), dtype=ctx.dtype)
+        if layer.max_boxes < 1:
+            raise sec.error(f"must be >= 1 (got {layer.max_boxes})", "max")
+        layer.jitter = sec.get_float("jitter", 0.2)
+        layer.ignore_thresh = sec.get_float("ignore_thresh", 0.5)
+        layer.truth_thresh = sec.get_float("truth_thresh", 1.0)
+        layer.random = sec.get_float("random", 0.0)
+        map_file = sec.get_str("map", None)
+        if map_file:
+            cmap = read_class_map(map_file, sec)
+            if cmap.size < classes or cmap.min() < 0 or cmap.max() >= classes:
+                raise sec.error(f"{map_file!r}: needs >= {classes} ids in 0..{classes - 1}", "map")
+            layer.class_map = cmap
+        layer.scale_x_y = sec.get_float("scale_x_y", 1.0)
+        kind = sec.get_choice("iou_loss", ("mse", *IOU_KINDS), "mse")
+        layer.iou_loss = MSE if kind == "mse" else IOU_KINDS[kind]
+        # darknet: the fork's default iou_normalizer is 0.75; darkpy keeps pjreddie's unscaled loss
+        layer.iou_normalizer = sec.get_float("iou_normalizer", 1.0)
+        layer.obj_normalizer = sec.get_float("obj_normalizer", 1.0)
+        layer.cls_normalizer = sec.get_float("cls_normalizer", 1.0)
+        layer.label_smooth_eps = sec.get_float("label_smooth_eps", 0.0)
+        layer.max_delta = sec.get_float("max_delta", math.inf)
+        layer.iou_thresh = sec.get_float("iou_thresh", 1.0)
+        layer.new_coords = sec.get_bool("new_coords", False)
+        layer.nms_kind = sec.get_choice("nms_kind", ("default", "greedynms", "diounms", "cornersnms"), "default")
+        layer.beta_nms = sec.get_float("beta_nms", 0.6)
+        layer.resize_factor = sec.get_float("resize", 1.0)
+        for key, default in _IGNORED_KEYS.items():
+            value = sec.get_str(key, None)
+            if value is not None and default is not None and not _same(value, default):
+                sec.warn(f"not implemented by darkpy (value {value!r}); it is ignored", key)
+        return layer
+
+    @property
+    def truths(self) -> int:
+        return self.max_boxes * 5
+
+    @property
+    def entries(self) -> int:
+        return self.classes + 5
+
+    def summary(self) -> str:
+        return "yolo"
+
+    # -- compute -----------------------------------------------------------------------------------
+    def _net_size(self, s: State) -> tuple[int, int]:
+        net = s.net
+        if net is not None and getattr(net, "width", 0):
+            return net.width, net.height
+        return self.net_wh
+
+    def forward(self, s: State) -> None:
+        c, h, w = self.out_shape
+        hw = h * w
+        x = s.input.reshape(self.batch, -1)
+        out = self.output.reshape(self.batch, -1)
+        yolo_activate(out, x, self.n, self.entries, hw, self.scale_x_y, self.new_coords)
+        self.delta.fill(0)
+        if s.truth is None:
+            self.cost = None
+            return
+        net_w, net_h = self._net_size(s)
+        self._stats.fill(0)
+        yolo_delta(self.delta.reshape(self.batch, -1), self._stats, out, s.truth, self.biases,
+                   self.mask, self.class_map, w, h, net_w, net_h, self.classes, truth_boxes(self, s.truth),
+                   self.ignore_thresh, self.truth_thresh, self.iou_loss, self.iou_normalizer,
+                   self.obj_normalizer, self.cls_normalizer, self.label_smooth_eps, self.max_delta,
+                   self.iou_thresh, self.new_coords)
+        np.square(self.delta, out=self.loss)
+        self.cost = float(self.loss.sum())
+        self._set_stats(self.batch * self.n * hw)
+
+    def _set_stats(self, slots: int) -> None:
+        st = self._stats
+        count = max(st[_COUNT], 1.0)
+        self.stats = {"avg_iou": st[_IOU] / count, "class": st[_CAT] / count, "obj": st[_OBJ] / count,
+                      "no_obj": st[_ANYOBJ] / max(slots, 1), "recall50": st[_R50] / count,
+                      "recall75": st[_R75] / count, "count": int(st[_COUNT]), "bad_truths": int(st[_BAD])}
+
+    def stats_line(self) -> str:
+        """Darknet's per-head training line (`Region <i> Avg IOU: ...`)."""
+        st = self.stats
+        return (f"Region {self.index} Avg IOU: {st['avg_iou']:f}, Class: {st['class']:f}, Obj: {st['obj']:f}, "
+                f"No Obj: {st['no_obj']:f}, .5R: {st['recall50']:f}, .75R: {st['recall75']:f},  "
+                f"count: {st['count']}")
+
+    def backward(self, s: State) -> None:
+        if s.delta is not None:
+            s.delta += self.delta.reshape(s.delta.shape)
+
+    # -- decoding ----------------------------------------------------------------------------------
+    def get_detections(self, b: int, thresh: float, net_w: int, net_h: int):
+        """Boxes of item `b` whose objectness is above `thresh`, relative to the net input.
+
+        Returns (boxes (N, 4) x,y,w,h; objectness (N,); probs (N, classes)) in Darknet's order (cell-major,
+        then anchor); `probs = obj·p_class`, zeroed where not above `thresh`."""
+        c, h, w = self.out_shape
+        out = self.output[b].reshape(self.n, self.entries, h, w).astype(np.float64)
+        obj = out[:, 4]                                          # (n, h, w)
+        keep = np.argwhere(obj.transpose(1, 2, 0) > thresh)      # (row, col, anchor), cell-major
+        rows, cols, anch = keep[:, 0], keep[:, 1], keep[:, 2]
+        tx, ty = out[anch, 0, rows, cols], out[anch, 1, rows, cols]
+        tw, th = out[anch, 2, rows, cols], out[anch, 3, rows, cols]
+        aw, ah = self.biases[2 * self.mask[anch]], self.biases[2 * self.mask[anch] + 1]
+        if self.new_coords:
+            bw, bh = tw * tw * 4 * aw / net_w, th * th * 4 * ah / net_h
+        else:
+            bw, bh = np.exp(tw) * aw / net_w, np.exp(th) * ah / net_h
+        boxes = np.stack([(cols + tx) / w, (rows + ty) / h, bw, bh], axis=1)
+        objectness = obj[anch, rows, cols]
+        probs = objectness[:, None] * out[anch, 5:, rows, cols]
+        probs[probs <= thresh] = 0
+        return boxes, objectness, probs

@@ -1,0 +1,723 @@
+"""Training, validation and prediction: the library behind `darkpy train`, `valid` and `predict`.
+
+The loop (Darknet's, spec §6): an iteration runs `subdivisions` training forwards with truth and
+backwards, then one `Network.update()`; its loss is the sum of the passes' costs over the full batch
+(Darknet's per-image loss). Checkpoints go to the backup folder under Darknet's names:
+`<cfg>_last.weights` every `savelast` (100) iterations, `<cfg>_<N>.weights` every `saveweights`
+(1000), `<cfg>_final.weights` at the end; every file is written to a temp file and renamed, so a
+kill at any instant leaves the previous checkpoint loadable.
+
+Determinism: the batch of iteration k (sample indices and augmentation) is a pure function of
+(seed, k) — the images come from epoch permutations `default_rng([seed, epoch])`, augmentation
+from `default_rng([seed, k, 1])`, and the network's own randomness (dropout) from
+`default_rng([seed, k, 2])`. Beside each checkpoint a `.state` file (an `.npz`) keeps what the
+`.weights` file cannot: momentum buffers (`Param.grad`), Adam moments (`Param.state`), the update
+count, the seed and the running average loss. Resuming from a checkpoint with its state gives
+exactly the run that was not interrupted, bit for bit; from the `.weights` file alone (all Darknet
+keeps) the momentum restarts at zero and the run continues only approximately.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import DarkpyError, DataError, TrainingError, WeightsError
+from .progress import CsvLog, Progress, Record
+from .settings import Settings, load_settings
+
+SAVE_LAST = 100          # Darknet (AlexeyAB): `_last.weights` every 100 iterations
+SAVE_WEIGHTS = 1000      # and `_<N>.weights` every 1000
+STATE_VERSION = 1
+
+
+# -- names and files ---------------------------------------------------------------------------------
+
+def cfg_base(cfg_path: str | os.PathLike) -> str:
+    """Darknet's `<cfgbase>`: the file name without its folder, cut at the first dot."""
+    return os.path.basename(os.fspath(cfg_path)).split(".", 1)[0]
+
+
+def data_candidates(cfg_path: str | os.PathLike) -> list[Path]:
+    """Where the .data file of a cfg is looked for: cfg/x.cfg -> data/x.data (beside the cfg folder,
+    then under the current directory), then x.data beside the cfg."""
+    cfg = Path(cfg_path)
+    name = cfg_base(cfg) + ".data"
+    out = [cfg.parent.parent / "data" / name, Path("data") / name, cfg.parent / name]
+    unique: list[Path] = []
+    for p in out:
+        if p not in unique:
+            unique.append(p)
+    return unique
+
+
+def find_data_file(cfg_path: str | os.PathLike) -> Path | None:
+    for p in data_candidates(cfg_path):
+        if p.is_file():
+            return p
+    return None
+
+
+def resolve_data_file(cfg_path, data) -> Path:
+    """The given .data file, or the one found by convention; a DataError naming the fix otherwise."""
+    if data is not None:
+        p = Path(data)
+        if not p.is_file():
+            raise DataError(f"{p}: no such .data file" + (" (it is a folder)" if p.is_dir() else ""))
+        return p
+    found = find_data_file(cfg_path)
+    if found is None:
+        looked = ", ".join(str(p) for p in data_candidates(cfg_path))
+        raise DataError(f"{cfg_path}: no .data file found (looked for {looked}); pass --data FILE")
+    return found
+
+
+def state_path(weights_path: str | os.PathLike) -> str:
+    """The state file beside a checkpoint: backup/x_last.weights -> backup/x_last.state."""
+    base, _ = os.path.splitext(os.fspath(weights_path))
+    return base + ".state"
+
+
+def file_crc(path: str | os.PathLike) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def remove_stale_temp_files(folder: str | os.PathLike, base: str) -> None:
+    """Temp files `<base>_*.tmp<pid>` left by a killed run (their process is gone) are removed."""
+    for p in Path(folder).glob(f"{base}*.tmp*"):
+        pid = p.name.rsplit(".tmp", 1)[-1]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            try:
+                p.unlink()
+            except OSError:
+                pass
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- optimiser state beside a checkpoint ----------------------------------------------------------------
+
+def write_state(path: str, net, meta: dict) -> None:
+    """Write the optimiser state of `net` plus `meta` (JSON-able) to `path`, atomically."""
+    arrays: dict[str, np.ndarray] = {}
+    for layer in net.layers:
+        for p in layer.params:
+            arrays[f"{layer.index}:{p.name}:grad"] = p.grad
+            for key, value in p.state.items():
+                arrays[f"{layer.index}:{p.name}:state:{key}"] = value
+    blob = json.dumps({"version": STATE_VERSION, **meta}).encode()
+    arrays["meta"] = np.frombuffer(blob, np.uint8)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_state(path: str, net, weights_crc: int | None) -> tuple[dict | None, str]:
+    """Restore the optimiser state saved at `path` into `net`. Returns (meta, "") on success, or
+    (None, reason) when there is no usable state (then nothing in `net` was changed)."""
+    if not os.path.isfile(path):
+        return None, f"no state file {path}"
+    try:
+        with np.load(path) as z:
+            arrays = {k: z[k] for k in z.files}
+        meta = json.loads(arrays.pop("meta").tobytes().decode())
+    except Exception as e:  # noqa: BLE001  (a damaged state file only means an approximate resume)
+        return None, f"{path} is unreadable ({type(e).__name__})"
+    if meta.get("version") != STATE_VERSION:
+        return None, f"{path} has state version {meta.get('version')}, expected {STATE_VERSION}"
+    if weights_crc is not None and meta.get("weights_crc") != weights_crc:
+        return None, f"{path} belongs to another version of the weights file"
+    grads, states = {}, {}
+    for layer in net.layers:
+        for p in layer.params:
+            key = f"{layer.index}:{p.name}"
+            g = arrays.get(f"{key}:grad")
+            if g is None or g.shape != p.grad.shape or g.dtype != p.grad.dtype:
+                return None, f"{path} does not fit this network (parameter {key})"
+            grads[key] = g
+            states[key] = {k.rsplit(":", 1)[1]: v for k, v in arrays.items()
+                           if k.startswith(f"{key}:state:")}
+    for layer in net.layers:
+        for p in layer.params:
+            key = f"{layer.index}:{p.name}"
+            p.grad[...] = grads[key]
+            p.state.clear()
+            p.state.update({k: v.copy() for k, v in states[key].items()})
+    net.updates = int(meta.get("updates", 0))
+    return meta, ""
+
+
+def save_checkpoint(net, path: str, meta: dict) -> None:
+    """`.weights` (Darknet's format) and its `.state` beside it, each atomically."""
+    net.save_weights(path)
+    write_state(state_path(path), net, {**meta, "seen": int(net.seen), "updates": int(net.updates),
+                                         "weights_crc": file_crc(path)})
+
+
+# -- threads and kernels ------------------------------------------------------------------------------
+
+def configure_threads(threads: int) -> int:
+    """Set numba's thread count (0 = all cores), and BLAS's when threadpoolctl is installed."""
+    import numba
+
+    n = numba.config.NUMBA_NUM_THREADS if threads <= 0 else min(threads, numba.config.NUMBA_NUM_THREADS)
+    numba.set_num_threads(n)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        pass   # BLAS keeps its own default: environment variables set now would be too late
+    else:
+        threadpool_limits(limits=n)
+    return n
+
+
+def kernels_need_compiling(net) -> bool:
+    """True when some numba kernel the network uses has no on-disk cache yet (first run)."""
+    import sys
+
+    from numba.core.registry import CPUDispatcher
+
+    modules = {type(layer).__module__ for layer in net.layers} | {"darkpy.optim"}
+    modules |= {m for m in sys.modules if m.startswith("darkpy.kernels.")}
+    cache_dir = os.environ.get("NUMBA_CACHE_DIR")
+    for name in modules:
+        mod = sys.modules.get(name)
+        if mod is None or not getattr(mod, "__file__", None):
+            continue
+        stem = Path(mod.__file__).stem
+        for obj in vars(mod).values():
+            if not isinstance(obj, CPUDispatcher) or obj.py_func.__module__ != name:
+                continue
+            pattern = f"{stem}.{obj.py_func.__qualname__}-*.nbi"
+            if cache_dir:
+                found = any(Path(cache_dir).rglob(pattern))
+            else:
+                found = any((Path(mod.__file__).parent / "__pycache__").glob(pattern))
+            if not found:
+                return True
+    return False
+
+
+# -- the batches --------------------------------------------------------------------------------------
+
+class BatchPlan:
+    """Which samples iteration k trains on: a pure function of (seed, k).
+
+    Samples are taken in order from an endless chain of epoch permutations; epoch e's permutation is
+    `default_rng([seed, e]).permutation(n)`."""
+
+    def __init__(self, n: int, batch: int, seed: int):
+        if n <= 0:
+            raise ValueError("empty training set")
+        self.n, self.batch, self.seed = n, batch, seed
+        self._perm = lru_cache(maxsize=4)(self._permutation)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self.n)
+
+    def indices(self, k: int) -> np.ndarray:
+        pos = k * self.batch + np.arange(self.batch)
+        epochs, offsets = np.divmod(pos, self.n)
+        return np.array([self._perm(int(e))[o] for e, o in zip(epochs, offsets)], dtype=np.int64)
+
+
+def augment_rng(seed: int, k: int) -> np.random.Generator:
+    return np.random.default_rng([seed, k, 1])
+
+
+def network_rng(seed: int, k: int) -> np.random.Generator:
+    return np.random.default_rng([seed, k, 2])
+
+
+# -- data -------------------------------------------------------------------------------------------
+
+def is_detector(net) -> bool:
+    """A net whose last layer reads its own truth layout (yolo/region/detection: boxes)."""
+    return bool(net.layers[-1].truths)
+
+
+def load_data_config(path):
+    from .datasets import read_data_file
+    return read_data_file(os.fspath(path))
+
+
+def class_names(dc) -> list[str] | None:
+    return list(dc.names or dc.labels) or None
+
+
+def check_classes(net, dc) -> None:
+    """The .data file's classes (and labels) must fit the network's output."""
+    if is_detector(net):
+        classes = getattr(net.layers[-1], "classes", None)
+        if classes is not None and dc.classes and classes != dc.classes:
+            raise DataError(f"{dc.path}: classes={dc.classes} but the last layer of {net.file} has "
+                            f"classes={classes}; make them equal")
+        return
+    out = net.output_layer.outputs
+    if dc.classes != out:
+        raise DataError(f"{dc.path}: classes={dc.classes} but {net.file} outputs {out} values per image; "
+                        f"set classes={out} in {dc.path} or give the last layer {dc.classes} filters/outputs")
+
+
+def classifier_labels(dc) -> list[str]:
+    labels = list(dc.labels or dc.names)
+    if not labels:
+        raise DataError(f"{dc.path}: no labels= (or names=) file; a classifier needs one label per class")
+    if len(labels) != dc.classes:
+        key = "labels" if "labels" in dc.raw else "names"
+        raise DataError(f"{dc.raw.get(key, dc.path)}: has {len(labels)} labels but {dc.path} says "
+                        f"classes={dc.classes}; make them agree")
+    return labels
+
+
+def check_labels(paths: Sequence[str], labels: Sequence[str], list_file: str) -> np.ndarray:
+    """Each image's class, checked up front so a bad name stops training before it starts (one
+    line: the first bad entry, and how many more there are)."""
+    from .datasets import classifier_label
+
+    out = np.empty(len(paths), np.int64)
+    first, bad = "", 0
+    for i, p in enumerate(paths):
+        try:
+            out[i] = classifier_label(p, labels)
+        except DataError as e:
+            bad += 1
+            first = first or f"{list_file}:{i + 1}: {e}"
+    if bad:
+        more = f" (and {bad - 1} more of the {len(paths)} images)" if bad > 1 else ""
+        raise DataError(first + more)
+    return out
+
+
+def make_dataset(net, dc, paths: list[str], augment: bool, labels: list[str] | None = None):
+    from .datasets import ClassifierData, DetectionData
+
+    if is_detector(net):
+        last = net.layers[-1]
+        return DetectionData(paths, dc.classes, net.config, max_boxes=net.truths // 5, augment=augment,
+                             jitter=getattr(last, "jitter", 0.2))
+    return ClassifierData(paths, labels, net.config, augment=augment, channels=net.input_shape[0])
+
+
+def read_image_list(path: str | None, what: str, data_path) -> list[str]:
+    from .datasets import read_list
+
+    if not path:
+        raise DataError(f"{data_path}: no {what}= list file; add one (one image path per line)")
+    paths = read_list(path)
+    if not paths:
+        raise DataError(f"{path}: the {what} list is empty; add image paths, one per line")
+    return paths
+
+
+# -- training ---------------------------------------------------------------------------------------
+
+@dataclass
+class TrainResult:
+    cfg: str
+    backup: str
+    start_iteration: int                 # iterations already done when this run began
+    iteration: int                       # iterations done when it ended
+    max_batches: int
+    weights: str | None                  # the last checkpoint written (final, or last on interrupt)
+    interrupted: bool
+    seconds: float
+    log: str
+    chart: str
+    records: list[Record] = field(default_factory=list)   # this run's iterations
+    accuracy: "ValidResult | None" = None
+
+    @property
+    def loss(self) -> float | None:
+        return self.records[-1].loss if self.records else None
+
+    @property
+    def avg_loss(self) -> float | None:
+        return self.records[-1].avg_loss if self.records else None
+
+
+class _StopRequest:
+    """SIGINT/SIGTERM set a flag the loop checks between iterations (a second Ctrl-C aborts)."""
+
+    def __init__(self):
+        self.requested: str | None = None
+        self._old: dict[int, object] = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.requested = signal.Signals(signum).name
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        return False
+
+
+def first_non_finite(net, x: np.ndarray) -> str:
+    """Where a non-finite loss came from: the input, or the first layer whose output or cost is."""
+    if not np.isfinite(x).all():
+        return "the input batch (an image with NaN/inf values)"
+    for layer in net.layers:
+        bad_out = not np.isfinite(layer.output).all()
+        bad_cost = layer.has_cost and layer.cost is not None and not math.isfinite(layer.cost)
+        if bad_out or bad_cost:
+            where = ""
+            if layer.section is not None:
+                where = f" ({layer.section.file}:{layer.section.line})"
+            return f"layer {layer.index} [{layer.kind}]{where} {'output' if bad_out else 'cost'}"
+    return "the cost layers"
+
+
+def _bad_params(net) -> str | None:
+    for layer in net.layers:
+        for p in layer.params:
+            if not np.isfinite(p.value).all():
+                return f"layer {layer.index} [{layer.kind}] {p.name}"
+    return None
+
+
+def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
+          weights: str | os.PathLike | None = None, clear: bool = False, seed: int | None = None,
+          max_batches: int | None = None, backup: str | os.PathLike | None = None,
+          settings: Settings | None = None, progress: Progress | None = None,
+          evaluate: bool = True, save_last: int | None = None, save_every: int | None = None,
+          stop_after: int | None = None) -> TrainResult:
+    """Train the network of `cfg` on the `train` list of its .data file.
+
+    `weights` resumes from its `seen` count (and from the `.state` beside it when that matches);
+    `clear` restarts the count at 0. `seed` defaults to the resumed state's seed, else the settings'.
+    `max_batches` overrides the cfg's. Backup folder: `backup`, else the .data's `backup=`, else the
+    settings'. `save_last`/`save_every` override the checkpoint periods (the .data's `savelast` /
+    `saveweights` keys, else 100/1000). `stop_after` stops (as if interrupted) after that many
+    iterations of this run. With `evaluate`, the final network is validated on the `valid` list.
+    """
+    from .network import load_network
+
+    t_start = time.perf_counter()
+    settings = settings or load_settings()
+    progress = progress or Progress("none")
+    cfg = os.fspath(cfg)
+    data_path = resolve_data_file(cfg, data)
+    dc = load_data_config(data_path)
+    base = cfg_base(cfg)
+    backup_dir = os.fspath(backup) if backup is not None else (dc.backup or settings.backup)
+    raw = dc.raw
+    save_last = save_last or _positive_int(raw.get("savelast"), SAVE_LAST, "savelast", data_path)
+    save_every = save_every or _positive_int(raw.get("saveweights"), SAVE_WEIGHTS, "saveweights", data_path)
+
+    # -- the network and where it starts ----------------------------------------------------------
+    net = load_network(cfg, seed=settings.seed if seed is None else seed)
+    meta = None
+    if weights is not None:
+        try:
+            net.load_weights(weights)
+        except WeightsError as e:
+            raise WeightsError(f"{e} (was it trained with another cfg, input size or number of classes?)") from None
+        if clear:
+            net.seen = 0
+            progress.message(f"Loaded {weights}; --clear: the iteration count starts at 0")
+        else:
+            meta, why = read_state(state_path(weights), net, file_crc(weights))
+            if meta is None:
+                progress.message(f"Note: {why}; momentum/Adam state restarts, so this run continues "
+                                 f"the saved one only approximately")
+    seed = seed if seed is not None else (meta["seed"] if meta else settings.seed)
+    B = net.config.full_batch
+    start = net.seen // B
+    net.updates = int(meta["updates"]) if meta else start
+    max_batches = max_batches if max_batches is not None else net.config.max_batches
+    if max_batches <= 0:
+        raise TrainingError(f"{cfg}: max_batches is not set; add max_batches=N to [net] or pass --max-batches N")
+    if weights is not None and not clear:
+        progress.message(f"Resuming from {weights}: iteration {start}, {net.seen} images seen"
+                         + (", optimiser state restored" if meta else ""))
+    if start >= max_batches:
+        raise TrainingError(f"{weights}: already trained for {start} iterations (max_batches={max_batches}); "
+                            f"pass --max-batches N larger than {start}, or --clear to start the count over")
+
+    # -- data ---------------------------------------------------------------------------------------
+    check_classes(net, dc)
+    train_paths = read_image_list(dc.train, "train", data_path)
+    labels = None
+    if not is_detector(net):
+        labels = classifier_labels(dc)
+        check_labels(train_paths, labels, dc.train)
+    dataset = make_dataset(net, dc, train_paths, augment=True, labels=labels)
+    plan = BatchPlan(len(train_paths), B, seed)
+    w, h = net.width, net.height
+
+    def load_batch(k: int):
+        return dataset.load(plan.indices(k), augment_rng(seed, k), w, h)
+
+    # -- output files -------------------------------------------------------------------------------
+    os.makedirs(backup_dir, exist_ok=True)
+    remove_stale_temp_files(backup_dir, base)
+    log_path = os.path.join(backup_dir, f"{base}_log.csv")
+    chart_path = os.path.join(backup_dir, "chart.png")
+    log = CsvLog(log_path, resume_from=start if start > 0 else None)
+    avg = float(meta["avg_loss"]) if meta and meta.get("avg_loss") is not None else -1.0
+    if avg < 0 and log.records:
+        avg = log.records[-1].avg_loss
+
+    def ckpt_meta(k: int) -> dict:
+        return {"iteration": k, "seed": seed, "avg_loss": avg, "cfg": os.path.abspath(cfg),
+                "loader": {"seed": seed, "iteration": k, "train_list": dc.train}}
+
+    def draw():
+        from .chart import draw_loss_chart
+        recs = log.records
+        draw_loss_chart(chart_path, [r.iteration for r in recs], [r.loss for r in recs],
+                        [r.avg_loss for r in recs], max_batches, title=base)
+
+    if kernels_need_compiling(net):
+        progress.message("First run: compiling numba kernels (cached afterwards, so later runs start fast)")
+    progress.message(f"Training {cfg} on {dc.train} ({len(train_paths)} images), {B} images per iteration "
+                     f"({net.config.subdivisions} x {net.batch}), iterations {start + 1}..{max_batches}, "
+                     f"seed {seed}; checkpoints in {backup_dir}/")
+
+    from .datasets import BatchLoader
+
+    loader = BatchLoader(load_batch, depth=1)
+    progress.begin(start, max_batches)
+    last_ckpt: tuple[str, int] | None = (os.fspath(weights), start) if weights is not None else None
+    records: list[Record] = []
+    written: str | None = None
+    interrupted = False
+    k = start
+    mb = net.batch
+    try:
+        with _StopRequest() as stop:
+            while k < max_batches:
+                t0 = time.perf_counter()
+                x, y = loader.get(k)
+                net.rng = network_rng(seed, k)
+                cost_sum = cost_mean_sum = 0.0
+                for j in range(net.config.subdivisions):
+                    xs, ys = x[j * mb:(j + 1) * mb], y[j * mb:(j + 1) * mb]
+                    net.forward(xs, ys, train=True)
+                    if net.cost is None:
+                        raise TrainingError(f"{cfg}: the network has no cost layer (softmax, cost, yolo, ...) "
+                                            f"so it cannot be trained; end it with one")
+                    if not math.isfinite(net.cost):
+                        raise TrainingError(_nan_message(k + 1, net.cost, first_non_finite(net, xs), last_ckpt))
+                    cost_sum += net.cost
+                    cost_mean_sum += net.cost_mean
+                    net.backward()
+                rate = net.update()
+                k += 1
+                loss = cost_sum / B
+                avg = loss if avg < 0 else 0.9 * avg + 0.1 * loss
+                rec = Record(k, net.seen / len(train_paths), loss, avg,
+                             cost_mean_sum / net.config.subdivisions, rate, time.perf_counter() - t0,
+                             int(net.seen))
+                records.append(rec)
+                log.write(rec)
+                progress.iteration(rec)
+                done = k >= max_batches
+                want_stop = stop.requested is not None or (stop_after is not None and k - start >= stop_after)
+                names = []
+                if k % save_last == 0 or (want_stop and not done):
+                    names.append(f"{base}_last.weights")
+                if k % save_every == 0:
+                    names.append(f"{base}_{k}.weights")
+                if done:
+                    names.append(f"{base}_final.weights")
+                if names:
+                    bad = _bad_params(net)
+                    if bad is not None:
+                        raise TrainingError(_nan_message(k, math.nan, f"{bad} (after the update)", last_ckpt))
+                    for name in names:
+                        written = os.path.join(backup_dir, name)
+                        save_checkpoint(net, written, ckpt_meta(k))
+                    last_ckpt = (written, k)
+                    draw()
+                if want_stop and not done:
+                    interrupted = True
+                    break
+    except TrainingError:
+        draw()
+        raise
+    finally:
+        loader.close()
+        log.close()
+        progress.close()
+        bad_labels = getattr(dataset, "bad_labels", None)
+        if bad_labels:
+            dataset.write_bad_labels(os.path.join(backup_dir, "bad_label.list"))
+    result = TrainResult(cfg, backup_dir, start, k, max_batches, written, interrupted,
+                         time.perf_counter() - t_start, log_path, chart_path, records)
+    if evaluate and not interrupted and dc.valid and not is_detector(net):
+        result.accuracy = evaluate_classifier(net, dc, read_image_list(dc.valid, "valid", data_path))
+    return result
+
+
+def _positive_int(value, default: int, key: str, data_path) -> int:
+    if value is None:
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise DataError(f"{data_path}: {key} must be a positive integer (got {value!r})")
+    return n
+
+
+def _nan_message(iteration: int, loss: float, where: str, last: tuple[str, int] | None) -> str:
+    keep = (f"the last good checkpoint is {last[0]} (iteration {last[1]})" if last
+            else "no checkpoint was written yet")
+    return (f"iteration {iteration}: the loss is {loss}; the first non-finite values come from {where}. "
+            f"Training stopped; {keep}. Try a lower learning_rate or a longer burn_in, or check the data")
+
+
+# -- validation and prediction ------------------------------------------------------------------------
+
+@dataclass
+class ValidResult:
+    top1: float
+    topk: float
+    k: int
+    n: int
+    confusion: np.ndarray                  # [truth, predicted] counts
+    names: list[str]
+    list_file: str
+
+    def format(self) -> str:
+        return (f"top-1 accuracy {self.top1 * 100:.2f} %, top-{self.k} {self.topk * 100:.2f} % "
+                f"on {self.list_file} ({self.n} images)")
+
+    def confusion_text(self, limit: int = 30) -> str:
+        c = self.confusion
+        if c.shape[0] > limit:
+            return f"(confusion matrix omitted: {c.shape[0]} classes)"
+        names = [str(n)[:8] for n in self.names]
+        width = max(5, max(len(n) for n in names) + 1, len(str(int(c.max(initial=0)))) + 1)
+        head = " " * (width + 2) + "".join(f"{n:>{width}}" for n in names)
+        lines = ["confusion matrix (rows: true class, columns: predicted)", head]
+        for n, row in zip(names, c):
+            lines.append(f"{n:>{width}}  " + "".join(f"{int(v):>{width}d}" for v in row))
+        return "\n".join(lines)
+
+
+def evaluate_classifier(net, dc, paths: list[str], k: int | None = None, batch: int = 64) -> ValidResult:
+    """Top-1/top-k accuracy and the confusion matrix of `net` on `paths` (no augmentation)."""
+    labels = classifier_labels(dc)
+    truth = check_labels(paths, labels, dc.valid or "<list>")
+    classes = dc.classes
+    k = min(k or (dc.top if "top" in dc.raw else 5), classes)
+    names = class_names(dc) or labels
+    dataset = make_dataset(net, dc, paths, augment=False, labels=labels)
+    rng = np.random.default_rng(0)
+    n = len(paths)
+    bs = min(batch, n)
+    if net.batch != bs:
+        net.set_batch(bs)
+    conf = np.zeros((classes, classes), np.int64)
+    hits1 = hitsk = 0
+    for lo in range(0, n, bs):
+        idx = np.arange(lo, min(lo + bs, n))
+        x, _ = dataset.load(idx, rng, net.width, net.height)
+        if len(idx) < bs:
+            x = np.concatenate([x, np.zeros((bs - len(idx), *x.shape[1:]), x.dtype)])
+        out = net.forward(x, None, train=False).reshape(bs, -1)[:len(idx)]
+        order = np.argsort(-out, axis=1, kind="stable")
+        t = truth[idx]
+        pred = order[:, 0]
+        hits1 += int((pred == t).sum())
+        hitsk += int((order[:, :k] == t[:, None]).any(axis=1).sum())
+        np.add.at(conf, (t, pred), 1)
+    return ValidResult(hits1 / n, hitsk / n, k, n, conf, names, dc.valid or "<list>")
+
+
+def validate(cfg, weights, data=None, settings: Settings | None = None) -> ValidResult:
+    """`darkpy valid`: accuracy of `weights` on the .data file's `valid` list."""
+    data_path = resolve_data_file(cfg, data)
+    dc = load_data_config(data_path)
+    net = _load_for_inference(cfg, weights)
+    if is_detector(net):
+        raise DarkpyError(f"{cfg}: `valid` measures classifier accuracy; this network is a detector")
+    check_classes(net, dc)
+    return evaluate_classifier(net, dc, read_image_list(dc.valid, "valid", data_path))
+
+
+def _load_for_inference(cfg, weights):
+    from .network import load_network
+
+    net = load_network(cfg, batch=1)
+    try:
+        net.load_weights(weights)
+    except WeightsError as e:
+        raise WeightsError(f"{e} (was it trained with another cfg, input size or number of classes?)") from None
+    return net
+
+
+@dataclass
+class Prediction:
+    image: str
+    top: list[tuple[int, str, float]]      # (class index, name, probability), best first
+
+    def as_dict(self) -> dict:
+        return {"image": self.image,
+                "predictions": [{"index": i, "label": n, "probability": p} for i, n, p in self.top]}
+
+
+def predict(cfg, weights, images: Sequence[str], data=None, top: int | None = None) -> list[Prediction]:
+    """`darkpy predict`: the top classes of each image (resized to the network's input)."""
+    from . import images as im
+
+    net = _load_for_inference(cfg, weights)
+    names = None
+    k = top
+    data_path = Path(data) if data is not None else find_data_file(cfg)
+    if data is not None and not Path(data).is_file():
+        raise DataError(f"{data}: no such .data file")
+    if data_path is not None:
+        dc = load_data_config(data_path)
+        names = class_names(dc)
+        k = k or (dc.top if "top" in dc.raw else None)
+    out: list[Prediction] = []
+    c = net.input_shape[0]
+    for path in images:
+        img = im.load_image(path, channels=c)
+        x = im.resize_image(img, net.width, net.height)
+        probs = net.predict(x[None]).reshape(-1)
+        n = probs.size
+        kk = min(k or 5, n)
+        order = np.argsort(-probs, kind="stable")[:kk]
+        label = (lambda i: names[i] if names and i < len(names) else str(i))
+        out.append(Prediction(os.fspath(path), [(int(i), label(int(i)), float(probs[i])) for i in order]))
+    return out

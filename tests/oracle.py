@@ -1,0 +1,614 @@
+"""OpenCV's Darknet importer as an oracle for whole-network forward passes (issue #2, item 2).
+
+For one shared cfg: darkpy builds it at batch 1 (at a reduced input size when the cfg's own is large),
+fills every layer with random but well-scaled parameters, writes a `.weights` file; darkpy and
+OpenCV 4.x (`cv2.dnn.readNetFromDarknet`, OpenCV backend, CPU, Winograd off) both load that file and
+the same random input, and every layer output OpenCV exposes is compared, plus the decoded boxes of
+yolo/region heads. Agreement means max|darkpy - opencv| / max|opencv| <= TOLERANCE for every tensor.
+
+The oracle cfg is the shipped text with Darknet's implicit defaults written out where OpenCV's
+importer assumes something else: `activation=logistic` on conv/connected without one, maxpool
+`stride`/`size`, upsample and reorg `stride`, yolo `mask`; yolo/region thresholds and NMS are set
+to 0 so OpenCV's decoded output has no data-dependent cut-offs. Repeated keys in a section are
+dropped after the first (Darknet uses the first; darkpy's parser rejects repeats).
+
+Random parameters are data-dependent so that activations stay O(1) through hundreds of layers
+(otherwise deep nets overflow, or every output saturates and the comparison proves little): layer by
+layer, each conv/connected filter is scaled so its response to the actual input has unit RMS, its
+bias (or BN rolling mean) re-centres it, and BN gets variances in [0.5, 2], scales in [0.5, 1.5],
+biases in [-0.1, 0.1].
+
+`python -m tests.oracle --write` runs every shared cfg and writes tests/data/opencv_parity.tsv
+(cfg, status, input size, BFLOPs, worst relative error, reason); tests/test_opencv_parity.py
+re-checks every row.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("DARKPY_SHARED", ROOT.parent / "shared")).resolve()
+TABLE = ROOT / "tests" / "data" / "opencv_parity.tsv"
+TABLE_FIELDS = ("cfg", "status", "size", "bflops", "max_rel_err", "reason")
+REPOS = ("pjreddie", "alexeyab")          # upstream Darknet, AlexeyAB's fork
+
+TOLERANCE = 1e-4
+OPENCV_BN_EPS_SHIFT = 1e-5 - 1e-6   # see compare()
+CENTRE = os.environ.get("ORACLE_CENTRE", "1") == "1"
+MAX_BFLOPS = 3.0          # at the reduced size; larger nets are skipped with this reason
+KEEP_OWN_SIZE_UP_TO = 128
+SIZES = (64, 96, 128, 192, 256)   # tried in order when the cfg's own size is larger (all multiples of 32)
+
+#: Darknet's default activation where it is not OpenCV's (OpenCV's importer assumes linear).
+DARKNET_ACTIVATION_DEFAULT = {"convolutional": "logistic", "conv": "logistic",
+                              "connected": "logistic", "conn": "logistic"}
+#: Activations OpenCV 4.x's importer maps (measured: tests/test_opencv_parity.py checks this list).
+OPENCV_ACTIVATIONS = ("linear", "leaky", "relu", "logistic", "mish", "swish", "tanh")
+#: OpenCV layer-name prefixes that are a layer's activation, not a darknet layer of their own.
+_OPENCV_ACTIVATION_NAMES = set(OPENCV_ACTIVATIONS) - {"linear"}
+#: Layers whose OpenCV output is not comparable element-wise (compared another way, or not at all).
+_NOT_ELEMENTWISE = {"yolo", "region", "cost"}
+
+
+class OracleSkip(Exception):
+    """This cfg cannot be compared; the message is the reason recorded in the table."""
+
+
+# -- cfg text ------------------------------------------------------------------------------------
+
+def shared_cfgs() -> list[str]:
+    """Every shared cfg as 'repo/name.cfg', sorted."""
+    out = []
+    for repo in REPOS:
+        d = SHARED / "cfg" / repo
+        out += sorted(f"{repo}/{p.name}" for p in d.glob("*.cfg"))
+    return out
+
+
+def darknet_text(path: Path) -> str:
+    """The file's text with later repeats of a key in one section commented out (Darknet: first wins)."""
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    seen: set[str] = set()
+    for i, raw in enumerate(lines):
+        body = re.sub(r"\s+", "", raw.split("#", 1)[0].split(";", 1)[0])
+        if body.startswith("["):
+            seen = set()
+        elif "=" in body:
+            key = body.split("=", 1)[0]
+            if key in seen:
+                lines[i] = "# repeated key, darknet uses the first: " + raw.lstrip("#;")
+            seen.add(key)
+    return "".join(lines)
+
+
+def _explicit_defaults(doc) -> None:
+    """Write Darknet's defaults where OpenCV's importer would assume different ones."""
+    for sec in doc.layers:
+        i, kind = sec.index, sec.kind
+        if kind in DARKNET_ACTIVATION_DEFAULT and not sec.has("activation"):
+            doc.set(f"{i}.activation", DARKNET_ACTIVATION_DEFAULT[kind])
+        if kind in ("maxpool", "max"):
+            stride = doc.get(f"{i}.stride") or "1"
+            if not sec.has("stride"):
+                doc.set(f"{i}.stride", stride)
+            if not sec.has("size"):
+                doc.set(f"{i}.size", stride)
+        if kind == "upsample" and not sec.has("stride"):
+            doc.set(f"{i}.stride", "2")
+        if kind == "reorg" and not sec.has("stride"):
+            doc.set(f"{i}.stride", "1")
+        if kind == "yolo":
+            if not sec.has("mask"):
+                num = int(doc.get(f"{i}.num") or 1)
+                doc.set(f"{i}.mask", ",".join(str(k) for k in range(num)))
+            doc.set(f"{i}.thresh", "0")
+            doc.set(f"{i}.nms_threshold", "0")
+        if kind == "region":
+            doc.set(f"{i}.thresh", "0")
+            doc.set(f"{i}.nms_threshold", "0")
+
+
+@dataclass
+class Prepared:
+    name: str
+    text: str                      # the oracle cfg both darkpy and OpenCV read
+    size: tuple[int, int]          # (width, height) used
+    bflops: float
+    net: object = None             # darkpy Network built from `text` (batch 1)
+    notes: list[str] = field(default_factory=list)
+
+
+def _build(text: str, file: str):
+    from darkpy.cfg import parse_cfg
+    from darkpy.network import load_network
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_network(parse_cfg(text, file), batch=1)
+
+
+def prepare(name: str) -> Prepared:
+    """Oracle cfg text for shared cfg `name`, at a size darkpy can build; raises OracleSkip."""
+    from darkpy.cfg import parse_cfg
+    from darkpy.errors import CfgError
+    path = SHARED / "cfg" / name
+    doc = parse_cfg(darknet_text(path), str(path))
+    for key, value in (("batch", "1"), ("subdivisions", "1")):
+        doc.set(f"net.{key}", value)
+    _explicit_defaults(doc)
+    w = int(doc.get("net.width") or 0)
+    h = int(doc.get("net.height") or 0)
+    if not (w and h):
+        raise OracleSkip("flat network input (`inputs=`): OpenCV's importer needs width/height/channels")
+    sizes = [(w, h)] if max(w, h) <= KEEP_OWN_SIZE_UP_TO else [(s, s) for s in SIZES]
+    last = None
+    for sw, sh in sizes:
+        doc.set("net.width", str(sw))
+        doc.set("net.height", str(sh))
+        try:
+            net = _build(doc.text(), str(path))
+        except CfgError as e:
+            last = e
+            if "not supported by darkpy" in str(e):
+                raise OracleSkip(f"darkpy: {e.message}") from None
+            continue
+        bflops = sum(layer.flops() for layer in net.layers) / 1e9
+        return Prepared(name, doc.text(), (sw, sh), bflops, net)
+    raise OracleSkip(f"darkpy cannot build it at any size tried: {last}")
+
+
+# -- random but well-scaled parameters --------------------------------------------------------------
+
+def _int(sec, key: str, default: int) -> int:
+    v = sec.options.get(key)
+    return int(float(v.value)) if v is not None else default
+
+
+def _conv_response(layer, x: np.ndarray, w: np.ndarray, rng, samples: int = 256) -> np.ndarray:
+    """(P, n) responses of filters `w` (n, c/g, k, k) at up to `samples` random output positions of
+    input `x` (c, h, w) — enough to set each filter's scale; geometry from the layer's cfg section."""
+    sec = layer.section
+    k = w.shape[2]
+    c, h, wd = x.shape
+    _, oh, ow = layer.out_shape
+    sy = _int(sec, "stride_y", _int(sec, "stride", 1))
+    sx = _int(sec, "stride_x", _int(sec, "stride", 1))
+    dil = _int(sec, "dilation", 1)
+    pad = k // 2 if _int(sec, "pad", 0) else _int(sec, "padding", 0)
+    pad *= dil
+    groups = _int(sec, "groups", 1)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (pad, pad), (pad, pad)))
+    pos = rng.integers(0, oh * ow, size=min(samples, oh * ow))
+    oy, ox = pos // ow, pos % ow
+    rows = (oy[:, None] * sy + np.arange(k)[None, :] * dil)        # (P, k)
+    cols = (ox[:, None] * sx + np.arange(k)[None, :] * dil)
+    patches = xp[:, rows[:, :, None], cols[:, None, :]]              # (c, P, k, k)
+    patches = patches.transpose(1, 0, 2, 3).reshape(len(pos), groups, -1)   # (P, g, c/g*k*k)
+    n = w.shape[0]
+    wg = w.reshape(groups, n // groups, -1).astype(np.float64)       # (g, n/g, c/g*k*k)
+    return np.einsum("pgk,gnk->pgn", patches, wg).reshape(len(pos), n)
+
+
+def _fill_normalised(layer, arrays, z_fn, n: int, rng, bn_first: bool) -> None:
+    """Shared by conv and connected: random weights scaled to unit RMS response, centred."""
+    if bn_first:     # conv file order: biases, [scales, mean, var], weights
+        biases, bn, weights = arrays[0], arrays[1:-1], arrays[-1]
+    else:            # connected: biases, weights, [scales, mean, var]
+        biases, weights, bn = arrays[0], arrays[1], arrays[2:]
+    w = rng.standard_normal(weights.size).reshape(n, -1)
+    z = z_fn(w.reshape((n,) + tuple(weights.shape[1:])) if weights.ndim > 2 else w)   # (P, n)
+    rms = np.sqrt((z ** 2).mean(axis=0))
+    mean = z.mean(axis=0)
+    if z.shape[0] < 4:    # too few positions for per-filter statistics: use one scale for all
+        rms[:] = max(math.sqrt(float((z ** 2).mean())), 1e-12)
+        mean[:] = 0.0
+    rms = np.where(rms > 1e-12, rms, 1.0)
+    w /= rms[:, None]
+    mean /= rms
+    if not CENTRE:
+        mean[:] = 0.0
+    weights[...] = w.reshape(weights.shape)
+    jitter = rng.uniform(-0.1, 0.1, n)
+    if bn:
+        scales, rolling_mean, rolling_var = bn
+        scales[...] = rng.uniform(0.5, 1.5, n)
+        rolling_mean[...] = mean + jitter
+        rolling_var[...] = rng.uniform(0.5, 2.0, n)
+        biases[...] = rng.uniform(-0.1, 0.1, n)
+    else:
+        biases[...] = -mean + jitter
+
+
+def bn_variance(layer) -> np.ndarray | None:
+    """The rolling-variance array of a conv/connected layer with batch_normalize=1, else None."""
+    if layer.kind in ("convolutional", "connected") and _int(layer.section, "batch_normalize", 0):
+        arrays = layer.weight_arrays()
+        return arrays[3] if layer.kind == "convolutional" else arrays[4]
+    return None
+
+
+def _randomize_layer(layer, x: np.ndarray, rng) -> None:
+    arrays = layer.weight_arrays()
+    if not arrays:
+        return
+    kind = layer.kind
+    if kind == "convolutional":
+        n = arrays[0].size
+        img = x.reshape(layer.in_shape)
+        _fill_normalised(layer, arrays, lambda w: _conv_response(layer, img, w, rng), n, rng, bn_first=True)
+    elif kind == "connected":
+        n = arrays[0].size
+        flat = x.reshape(1, -1).astype(np.float64)
+        _fill_normalised(layer, arrays, lambda w: flat @ w.T, n, rng, bn_first=False)
+    else:
+        raise OracleSkip(f"no random-parameter recipe for [{kind}] layers in the oracle")
+
+
+def randomize(net, x: np.ndarray, seed: int = 0) -> None:
+    """Give every parameterised layer of `net` random, well-scaled values (see the module docstring),
+    running the forward pass layer by layer on `x` (1, *input_shape) to measure each layer's input."""
+    from darkpy.layers.base import State
+    rng = np.random.default_rng(seed)
+    np.copyto(net.input, x.reshape(net.input.shape))
+    s = State(input=net.input, delta=None, truth=None, train=False, layers=net.layers, seen=0,
+              rng=np.random.default_rng(seed), net=net)
+    for layer in net.layers:
+        _randomize_layer(layer, s.input, rng)
+        after = getattr(layer, "after_load", None)
+        if after is not None:
+            after()
+        layer.forward(s)
+        s.input = layer.output
+
+
+# -- OpenCV ----------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """OpenCV's importer prints to the C-level stderr; keep test output readable."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, io.UnsupportedOperation):
+        yield
+        return
+    saved = os.dup(fd)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), fd)
+        try:
+            yield
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)
+
+
+def opencv_net(cfg: Path, weights: Path):
+    import cv2
+    try:
+        with _quiet_stderr():
+            net = cv2.dnn.readNetFromDarknet(str(cfg), str(weights))
+    except cv2.error as e:
+        lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+        msg = lines[-1] if lines else str(e)
+        msg = re.sub(r"^OpenCV\([^)]*\)\s*\S+:\d+:\s*", "", msg)
+        msg = re.sub(r"\s*in function '[^']*'$", "", msg)
+        raise OracleSkip(f"OpenCV cannot load it: {msg}") from None
+    net.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
+    net.setPreferableTarget(cv2.dnn.DNN_TARGET_CPU)
+    net.enableWinograd(False)
+    return net
+
+
+def opencv_layer_map(names, n_layers: int) -> dict[int, str]:
+    """darknet layer index -> the OpenCV layer holding its final output.
+
+    OpenCV names each darknet layer `<op>_<index>` (`conv_3`, `bn_3`, `permute_7`, `yolo_7`, ...) and
+    appends its activation as a separate layer named after the NEXT index (`leaky_4`), so an
+    activation belongs to the layer before it; `detection_out` (region) has no index.
+    """
+    out: dict[int, str] = {}
+    current = -1
+    for name in names:
+        prefix, _, num = name.rpartition("_")
+        if prefix and num.isdigit() and prefix not in _OPENCV_ACTIVATION_NAMES:
+            current = int(num)
+        if current >= 0:
+            out[current] = name
+    if sorted(out) != list(range(n_layers)):
+        raise AssertionError(f"cannot map OpenCV layers {list(names)[:8]}... onto {n_layers} darknet layers")
+    return out
+
+
+# -- yolo / region decoding (what OpenCV's Region layer outputs) -----------------------------------
+
+def _float_list(sec, key):
+    v = sec.options.get(key)
+    return [float(t) for t in v.value.split(",") if t] if v is not None else []
+
+
+def decode_yolo(layer, net_w: int, net_h: int) -> np.ndarray:
+    """darkpy [yolo] output (anchors, 5+classes, h, w) -> OpenCV's rows (h, w, anchor) x
+    [x, y, w, h, obj, obj*class...] (relative to the image)."""
+    sec = layer.section
+    out = layer.output[0].reshape(-1, layer.out_shape[-2] * layer.out_shape[-1])
+    c, h, w = layer.out_shape
+    mask = [int(m) for m in _float_list(sec, "mask")]
+    anchors = _float_list(sec, "anchors")
+    na = len(mask)
+    e = c // na
+    o = out.reshape(na, e, h, w).astype(np.float64)
+    res = np.zeros((h, w, na, e))
+    gx = np.arange(w)[None, None, :]
+    gy = np.arange(h)[None, :, None]
+    aw = np.array([anchors[2 * m] for m in mask])[:, None, None]
+    ah = np.array([anchors[2 * m + 1] for m in mask])[:, None, None]
+    bx = (gx + o[:, 0]) / w
+    by = (gy + o[:, 1]) / h
+    bw = np.exp(o[:, 2]) * aw / net_w
+    bh = np.exp(o[:, 3]) * ah / net_h
+    obj = o[:, 4]
+    for k, v in enumerate((bx, by, bw, bh, obj)):
+        res[..., k] = v.transpose(1, 2, 0)
+    res[..., 5:] = (o[:, 5:] * obj[:, None]).transpose(2, 3, 0, 1)
+    return res.reshape(h * w * na, e)
+
+
+def decode_region(layer) -> np.ndarray:
+    """darkpy [region] output (num, coords+1+classes, h, w) -> OpenCV's rows (h, w, anchor) x
+    [x, y, w, h, obj, obj*class...] with anchors in grid cells."""
+    sec = layer.section
+    c, h, w = layer.out_shape
+    na = _int(sec, "num", 1)
+    e = c // na
+    anchors = _float_list(sec, "anchors")
+    o = layer.output[0].reshape(na, e, h, w).astype(np.float64)
+    res = np.zeros((h, w, na, e))
+    gx = np.arange(w)[None, None, :]
+    gy = np.arange(h)[None, :, None]
+    aw = np.array(anchors[0::2][:na])[:, None, None]
+    ah = np.array(anchors[1::2][:na])[:, None, None]
+    vals = ((gx + o[:, 0]) / w, (gy + o[:, 1]) / h, np.exp(o[:, 2]) * aw / w, np.exp(o[:, 3]) * ah / h, o[:, 4])
+    for k, v in enumerate(vals):
+        res[..., k] = v.transpose(1, 2, 0)
+    res[..., 5:] = (o[:, 5:] * o[:, 4][:, None]).transpose(2, 3, 0, 1)
+    return res.reshape(h * w * na, e)
+
+
+# -- static reasons why OpenCV's numbers cannot match ---------------------------------------------
+
+def opencv_limitations(net) -> list[str]:
+    """Features of the built network that OpenCV's importer reads differently from Darknet."""
+    out = []
+    for layer in net.layers:
+        sec = layer.section
+        where = f"layer {layer.index} [{layer.kind}]"
+        if layer.kind == "connected" and _int(sec, "batch_normalize", 0):
+            out.append(f"{where}: OpenCV reads [connected] batch-norm arrays before the weights "
+                       f"(Darknet writes them after)")
+        if layer.kind == "convolutional":
+            for key in ("dilation", "stride_x", "stride_y"):
+                if _int(sec, key, 1) != 1:
+                    out.append(f"{where}: OpenCV ignores {key}={sec.options[key].value}")
+        if layer.kind == "softmax" and sec.has("temperature") and float(sec.options["temperature"].value) != 1:
+            out.append(f"{where}: OpenCV ignores softmax temperature={sec.options['temperature'].value}")
+        if layer.kind == "softmax" and len(layer.in_shape) == 3 and layer.in_shape[1] * layer.in_shape[2] > 1:
+            out.append(f"{where}: OpenCV's softmax runs per pixel over channels, Darknet's over the whole "
+                       f"flat {layer.inputs}-vector")
+        if layer.kind == "maxpool" and (_int(sec, "maxpool_depth", 0) or sec.has("stride_x") or sec.has("stride_y")):
+            out.append(f"{where}: OpenCV ignores maxpool_depth/stride_x/stride_y")
+        if layer.kind == "yolo" and _int(sec, "new_coords", 0):
+            out.append(f"{where}: OpenCV ignores new_coords=1 when decoding")
+        if layer.kind == "shortcut":
+            src = net.layers[layer.refs[0]] if getattr(layer, "refs", ()) else None
+            if src is not None and src.out_shape[1:] != layer.out_shape[1:]:
+                out.append(f"{where}: OpenCV cannot add inputs of different sizes {src.out_shape} -> {layer.out_shape}")
+            if sec.has("weights_type") and sec.options["weights_type"].value != "none":
+                out.append(f"{where}: OpenCV ignores weights_type")
+        if layer.kind == "upsample" and (float(sec.options["scale"].value) if sec.has("scale") else 1.0) != 1.0:
+            out.append(f"{where}: OpenCV ignores upsample scale")
+    return out
+
+
+# -- the comparison --------------------------------------------------------------------------------
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    """max|a-b| / max|b| (b the reference); inf on a shape mismatch or a non-finite value."""
+    a = np.asarray(a, np.float64).ravel()
+    b = np.asarray(b, np.float64).ravel()
+    if a.shape != b.shape or not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return math.inf
+    scale = np.abs(b).max() if b.size else 0.0
+    diff = np.abs(a - b).max() if a.size else 0.0
+    return float(diff / scale) if scale > 0 else float(diff)
+
+
+@dataclass
+class Result:
+    name: str
+    size: tuple[int, int]
+    bflops: float
+    local: dict[str, float]           # "layer 12 [convolutional]" -> rel. error, layer fed OpenCV's inputs
+    end_to_end: dict[str, float]      # the same, with every layer fed darkpy's own outputs
+    final: str                        # key of the network output in end_to_end
+    noise: float                      # rel. error of darkpy's float32 output against its float64 one
+    limitations: list[str]
+    seconds: float
+
+    @property
+    def worst_local(self) -> tuple[str, float]:
+        k = max(self.local, key=self.local.get)
+        return k, self.local[k]
+
+    @property
+    def worst_end_to_end(self) -> tuple[str, float]:
+        k = max(self.end_to_end, key=self.end_to_end.get)
+        return k, self.end_to_end[k]
+
+
+def _opencv_forward(cv, x: np.ndarray, names: list[str], limitations: list[str]) -> dict[str, np.ndarray]:
+    import cv2
+    cv.setInput(x)
+    try:
+        with _quiet_stderr():
+            return dict(zip(names, cv.forward(names)))
+    except cv2.error as e:
+        msg = [ln for ln in str(e).strip().splitlines() if ln.strip()][-1]
+        msg = re.sub(r"^OpenCV\([^)]*\)\s*\S+:\d+:\s*", "", msg)
+        why = "; ".join(limitations) if limitations else msg
+        raise OracleSkip(f"OpenCV fails to run it ({msg.strip()}): {why}") from None
+
+
+def _layer_errors(dp, blobs: dict, index: dict, size, local: bool) -> dict[str, float]:
+    """Relative error of every comparable layer. `local`: before each layer runs, every earlier
+    layer's output is replaced by OpenCV's, so each layer is judged on identical inputs."""
+    from darkpy.layers.base import State
+    s = State(input=dp.input, delta=None, truth=None, train=False, layers=dp.layers, seen=0,
+              rng=np.random.default_rng(0), net=dp)
+    errors: dict[str, float] = {}
+    w, h = size
+    for layer in dp.layers:
+        if local:
+            layer.forward(s)
+        blob = blobs[index[layer.index]]
+        key = f"layer {layer.index} [{layer.kind}]"
+        if layer.kind == "yolo":
+            errors[key + " decoded"] = rel_err(decode_yolo(layer, w, h), blob.reshape(-1, blob.shape[-1]))
+        elif layer.kind == "region":
+            errors[key + " decoded"] = rel_err(decode_region(layer), blob.reshape(-1, blob.shape[-1]))
+        elif layer.kind not in _NOT_ELEMENTWISE:
+            errors[key] = rel_err(layer.output, blob)
+            if local and layer.output.size == blob.size:
+                layer.output[...] = blob.reshape(layer.output.shape)
+        s.input = layer.output
+    return errors
+
+
+def compare(name: str, workdir: Path, seed: int = 0, max_bflops: float = MAX_BFLOPS) -> Result:
+    """Run darkpy and OpenCV on shared cfg `name`; raises OracleSkip when they cannot be compared."""
+    from darkpy.network import load_network
+    t0 = time.perf_counter()
+    prep = prepare(name)
+    if prep.bflops > max_bflops:
+        raise OracleSkip(f"too large for the test budget: {prep.bflops:.1f} BFLOPs at "
+                         f"{prep.size[0]}x{prep.size[1]} (limit {max_bflops:g})")
+    net = prep.net
+    rng = np.random.default_rng(seed)
+    x = rng.random((1, *net.input_shape), dtype=np.float32)
+    randomize(net, x, seed)
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg_path, weights_path = workdir / "oracle.cfg", workdir / "oracle.weights"
+    cfg_path.write_text(prep.text, encoding="utf-8")
+    net.save_weights(weights_path)
+    # OpenCV's batch norm divides by sqrt(var + 1e-6), Darknet's (GPU, cuDNN, fork) and darkpy's by
+    # sqrt(var + 1e-5): OpenCV gets its own copy of the file with every rolling variance raised by the
+    # difference, so both compute the same normalisation.
+    variances = [v for v in (bn_variance(layer) for layer in net.layers) if v is not None]
+    for v in variances:
+        v += OPENCV_BN_EPS_SHIFT
+    cv_weights_path = workdir / "oracle.opencv.weights"
+    net.save_weights(cv_weights_path)
+    for v in variances:
+        v -= OPENCV_BN_EPS_SHIFT
+
+    # darkpy reads its file back: the comparison covers .weights writing and reading too
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dp = load_network(cfg_path, weights_path, batch=1)
+    limitations = opencv_limitations(dp)
+    cv = opencv_net(cfg_path, cv_weights_path)
+    names = list(cv.getLayerNames())
+    index = opencv_layer_map(names, len(dp.layers))
+    wanted = sorted(set(index.values()), key=names.index)
+    blobs = _opencv_forward(cv, x, wanted, limitations)
+
+    dp.forward(x)
+    end_to_end = _layer_errors(dp, blobs, index, prep.size, local=False)
+    out = dp.output_layer
+    final = next(k for k in end_to_end if k.startswith(f"layer {out.index} ")) if any(
+        k.startswith(f"layer {out.index} ") for k in end_to_end) else max(end_to_end, key=lambda k: int(k.split()[1]))
+    local = _layer_errors(dp, blobs, index, prep.size, local=True)
+    # darkpy's own float32 rounding, amplified by this network: its float32 output against float64
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dp64 = load_network(cfg_path, weights_path, batch=1, dtype=np.float64)
+    dp64.forward(x.astype(np.float64))
+    dp.forward(x)
+    noise = rel_err(dp.output, dp64.output)
+    return Result(name, prep.size, prep.bflops, local, end_to_end, final, noise, limitations,
+                  time.perf_counter() - t0)
+
+
+def classify(name: str, workdir: Path) -> dict:
+    """One table row for `name`."""
+    row = {"cfg": name, "status": "skip", "size": "", "bflops": "", "max_rel_err": "", "reason": ""}
+    try:
+        r = compare(name, workdir)
+    except OracleSkip as e:
+        row["reason"] = str(e)
+        return row
+    where, worst = r.worst
+    row.update(size=f"{r.size[0]}x{r.size[1]}", bflops=f"{r.bflops:.3f}", max_rel_err=f"{worst:.2e}")
+    if worst <= TOLERANCE:
+        row["status"] = "pass"
+        row["reason"] = "; ".join(r.limitations)
+    else:
+        row["status"] = "skip" if r.limitations else "fail"
+        why = "; ".join(r.limitations) if r.limitations else "unexplained difference"
+        row["reason"] = f"OpenCV numerics differ ({where}: {worst:.2e}): {why}"
+    return row
+
+
+def read_table(path: Path = TABLE) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+def write_table(rows: list[dict], path: Path = TABLE) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        wr = csv.DictWriter(f, TABLE_FIELDS, delimiter="\t", lineterminator="\n")
+        wr.writeheader()
+        wr.writerows(rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write", action="store_true", help=f"write {TABLE.relative_to(ROOT)}")
+    ap.add_argument("cfgs", nargs="*", help="shared cfgs to run (repo/name.cfg); default all")
+    args = ap.parse_args(argv)
+    names = args.cfgs or shared_cfgs()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            t0 = time.perf_counter()
+            row = classify(name, Path(tmp) / name.replace("/", "_"))
+            rows.append(row)
+            print(f"{row['status']:5} {name:50} {row['size']:8} {row['bflops']:>7} {row['max_rel_err']:>9} "
+                  f"{time.perf_counter() - t0:6.1f}s  {row['reason']}", flush=True)
+    if args.write:
+        if args.cfgs:
+            old = {r["cfg"]: r for r in read_table()} if TABLE.exists() else {}
+            old.update({r["cfg"]: r for r in rows})
+            rows = [old[k] for k in sorted(old, key=lambda n: (REPOS.index(n.split("/")[0]), n))]
+        write_table(rows)
+    counts = {}
+    for r in rows:
+        counts[(r["cfg"].split("/")[0], r["status"])] = counts.get((r["cfg"].split("/")[0], r["status"]), 0) + 1
+    print(counts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
