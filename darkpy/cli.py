@@ -1,18 +1,20 @@
 """The `darkpy` command line: parse arguments, call one library function, print, map errors to exits.
 
 Every error a user can cause is a `DarkpyError`; it is printed as one line (`error: ...`) and the
-command exits with status 1, without a traceback unless `--debug` is given. Heavy modules (numpy,
-numba, the layers) are imported inside the commands, so `darkpy --help` and the `cfg` commands start
-fast and never compile a kernel.
+command exits with status 1, without a traceback unless `--debug` is given. The trainer, the data
+loader and the images module are imported inside the commands that use them, and building a network
+runs no kernel, so `--help`, `summary` and the `cfg` commands never compile one.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import warnings
 
 import click
 
+from . import __version__
 from .errors import DarkpyError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -45,7 +47,7 @@ class DarkpyGroup(click.Group):
 
 @click.group(cls=DarkpyGroup, context_settings=CONTEXT)
 @click.option("--debug", is_flag=True, help="Show the full traceback of an error.")
-@click.version_option(package_name="darkpy", prog_name="darkpy")
+@click.version_option(version=__version__, prog_name="darkpy")
 @click.pass_context
 def main(ctx: click.Context, debug: bool) -> None:
     """darkpy: Darknet's config-driven neural networks, in Python.
@@ -58,6 +60,14 @@ def main(ctx: click.Context, debug: bool) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+    previous = warnings.showwarning
+    warnings.showwarning = _show_warning
+    ctx.call_on_close(lambda: setattr(warnings, "showwarning", previous))
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """Python warnings (cfg and data problems that do not stop a command) as `warning: ...` lines."""
+    click.echo(f"warning: {message}", err=True)
 
 
 def _settings(**flags):
@@ -157,8 +167,6 @@ def predict(cfg, weights, images, data, top, as_json):
               help="Batch for the buffer-memory total.")
 def summary(cfg, width, height, batch):
     """Darknet's layer table for CFG, with parameters, BFLOPs and buffer memory."""
-    import warnings
-
     from .cfg import CfgWarning, load_cfg
     from .network import Network
 

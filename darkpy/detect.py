@@ -77,8 +77,8 @@ def _nms_sort(probs, boxes, thresh, diou, beta):
         order = np.argsort(-probs[:, k], kind="mergesort")      # stable, highest first
         for a in range(n):
             i = order[a]
-            if probs[i, k] == 0:
-                break
+            if probs[i, k] == 0:     # never positive, or suppressed: suppresses nothing
+                continue
             for b in range(a + 1, n):
                 j = order[b]
                 if probs[j, k] == 0:

@@ -57,11 +57,13 @@ def parse_line(line: str) -> dict[str, float] | None:
 
 class Progress:
     """Prints progress. `style`: "lines" (one line per iteration), "bar" (the lines plus a bar with
-    ETA redrawn under them), "none", or "auto" (bar when `stream` is a terminal, else lines)."""
+    ETA redrawn under them), "none" (no iteration output), or "auto" (bar when `stream` is a
+    terminal, else lines). Messages (resuming, first-run compile) print in every style unless
+    `quiet` (the library's default reporter is quiet: it prints nothing)."""
 
-    def __init__(self, style: str = "auto", stream: IO[str] | None = None, err: IO[str] | None = None):
+    def __init__(self, style: str = "auto", stream: IO[str] | None = None, quiet: bool = False):
         self.stream = stream if stream is not None else sys.stdout
-        self.err = err if err is not None else sys.stderr
+        self.quiet = quiet
         if style == "auto":
             isatty = getattr(self.stream, "isatty", None)
             style = "bar" if isatty is not None and isatty() else "lines"
@@ -77,15 +79,11 @@ class Progress:
         self._t0 = time.perf_counter()
 
     def message(self, text: str) -> None:
-        """An informational line (resuming, saved checkpoint, accuracy...)."""
-        if self.style == "none":
+        """An informational line (resuming, first-run compile, where checkpoints go)."""
+        if self.quiet:
             return
         self._clear_bar()
         print(text, file=self.stream, flush=True)
-
-    def warning(self, text: str) -> None:
-        self._clear_bar()
-        print(f"warning: {text}", file=self.err, flush=True)
 
     def iteration(self, rec: Record) -> None:
         if self.style == "none":

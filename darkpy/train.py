@@ -199,29 +199,29 @@ def configure_threads(threads: int) -> int:
 
 
 def kernels_need_compiling(net) -> bool:
-    """True when some numba kernel the network uses has no on-disk cache yet (first run)."""
+    """True when the first run will compile kernels: some module the run uses (the layers' families,
+    the optimiser, the image augmentation) has numba kernels but none of them cached on disk yet.
+    A heuristic (a module cached by a run that used only part of it counts as cached), good enough
+    to announce the minute a first run spends compiling."""
     import sys
 
     from numba.core.registry import CPUDispatcher
 
-    modules = {type(layer).__module__ for layer in net.layers} | {"darkpy.optim"}
-    modules |= {m for m in sys.modules if m.startswith("darkpy.kernels.")}
+    modules = {type(layer).__module__ for layer in net.layers} | {"darkpy.optim", "darkpy.images"}
     cache_dir = os.environ.get("NUMBA_CACHE_DIR")
     for name in modules:
         mod = sys.modules.get(name)
         if mod is None or not getattr(mod, "__file__", None):
             continue
         stem = Path(mod.__file__).stem
-        for obj in vars(mod).values():
-            if not isinstance(obj, CPUDispatcher) or obj.py_func.__module__ != name:
-                continue
-            pattern = f"{stem}.{obj.py_func.__qualname__}-*.nbi"
-            if cache_dir:
-                found = any(Path(cache_dir).rglob(pattern))
-            else:
-                found = any((Path(mod.__file__).parent / "__pycache__").glob(pattern))
-            if not found:
-                return True
+        kernels = [obj.py_func.__qualname__ for obj in vars(mod).values()
+                   if isinstance(obj, CPUDispatcher) and obj.py_func.__module__ == name]
+        if not kernels:
+            continue
+        where = Path(cache_dir) if cache_dir else Path(mod.__file__).parent / "__pycache__"
+        search = where.rglob if cache_dir else where.glob
+        if not any(any(search(f"{stem}.{q}-*.nbi")) for q in kernels):
+            return True
     return False
 
 
@@ -429,7 +429,7 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
 
     t_start = time.perf_counter()
     settings = settings or load_settings()
-    progress = progress or Progress("none")
+    progress = progress or Progress("none", quiet=True)
     cfg = os.fspath(cfg)
     data_path = resolve_data_file(cfg, data)
     dc = load_data_config(data_path)
@@ -462,6 +462,7 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
     max_batches = max_batches if max_batches is not None else net.config.max_batches
     if max_batches <= 0:
         raise TrainingError(f"{cfg}: max_batches is not set; add max_batches=N to [net] or pass --max-batches N")
+    net.config.max_batches = max_batches      # the poly/sgdr schedules span the run actually made
     if weights is not None and not clear:
         progress.message(f"Resuming from {weights}: iteration {start}, {net.seen} images seen"
                          + (", optimiser state restored" if meta else ""))
@@ -518,44 +519,26 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
     written: str | None = None
     interrupted = False
     k = start
-    mb = net.batch
     try:
         with _StopRequest() as stop:
             while k < max_batches:
                 t0 = time.perf_counter()
                 x, y = loader.get(k)
                 net.rng = network_rng(seed, k)
-                cost_sum = cost_mean_sum = 0.0
-                for j in range(net.config.subdivisions):
-                    xs, ys = x[j * mb:(j + 1) * mb], y[j * mb:(j + 1) * mb]
-                    net.forward(xs, ys, train=True)
-                    if net.cost is None:
-                        raise TrainingError(f"{cfg}: the network has no cost layer (softmax, cost, yolo, ...) "
-                                            f"so it cannot be trained; end it with one")
-                    if not math.isfinite(net.cost):
-                        raise TrainingError(_nan_message(k + 1, net.cost, first_non_finite(net, xs), last_ckpt))
-                    cost_sum += net.cost
-                    cost_mean_sum += net.cost_mean
-                    net.backward()
+                cost_sum, cost_mean = _train_iteration(net, x, y, lambda where, cost: TrainingError(
+                    _nan_message(k + 1, cost, where, last_ckpt)))
                 rate = net.update()
                 k += 1
                 loss = cost_sum / B
                 avg = loss if avg < 0 else 0.9 * avg + 0.1 * loss
-                rec = Record(k, net.seen / len(train_paths), loss, avg,
-                             cost_mean_sum / net.config.subdivisions, rate, time.perf_counter() - t0,
-                             int(net.seen))
+                rec = Record(k, net.seen / len(train_paths), loss, avg, cost_mean, rate,
+                             time.perf_counter() - t0, int(net.seen))
                 records.append(rec)
                 log.write(rec)
                 progress.iteration(rec)
                 done = k >= max_batches
                 want_stop = stop.requested is not None or (stop_after is not None and k - start >= stop_after)
-                names = []
-                if k % save_last == 0 or (want_stop and not done):
-                    names.append(f"{base}_last.weights")
-                if k % save_every == 0:
-                    names.append(f"{base}_{k}.weights")
-                if done:
-                    names.append(f"{base}_final.weights")
+                names = checkpoint_names(base, k, save_last, save_every, done, want_stop)
                 if names:
                     bad = _bad_params(net)
                     if bad is not None:
@@ -583,6 +566,38 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
     if evaluate and not interrupted and dc.valid and not is_detector(net):
         result.accuracy = evaluate_classifier(net, dc, read_image_list(dc.valid, "valid", data_path))
     return result
+
+
+def _train_iteration(net, x: np.ndarray, y: np.ndarray, nan_error) -> tuple[float, float]:
+    """`subdivisions` training forwards (with truth) and backwards over the full batch x, y;
+    gradients accumulate for the one update that follows. Returns (Σ cost, mean cost_mean). A
+    non-finite cost raises `nan_error(where, cost)` before its backward can spread it."""
+    mb, n = net.batch, net.config.subdivisions
+    cost_sum = cost_mean_sum = 0.0
+    for j in range(n):
+        xs, ys = x[j * mb:(j + 1) * mb], y[j * mb:(j + 1) * mb]
+        net.forward(xs, ys, train=True)
+        if net.cost is None:
+            raise TrainingError(f"{net.file}: the network has no cost layer (softmax, cost, yolo, ...) so it "
+                                f"cannot be trained; end it with one")
+        if not math.isfinite(net.cost):
+            raise nan_error(first_non_finite(net, xs), net.cost)
+        cost_sum += net.cost
+        cost_mean_sum += net.cost_mean
+        net.backward()
+    return cost_sum, cost_mean_sum / n
+
+
+def checkpoint_names(base: str, k: int, save_last: int, save_every: int, done: bool, stopping: bool) -> list[str]:
+    """The checkpoint files written after iteration k (Darknet's names and periods)."""
+    names = []
+    if k % save_last == 0 or (stopping and not done):
+        names.append(f"{base}_last.weights")
+    if k % save_every == 0:
+        names.append(f"{base}_{k}.weights")
+    if done:
+        names.append(f"{base}_final.weights")
+    return names
 
 
 def _positive_int(value, default: int, key: str, data_path) -> int:
@@ -700,6 +715,8 @@ def predict(cfg, weights, images: Sequence[str], data=None, top: int | None = No
     from . import images as im
 
     net = _load_for_inference(cfg, weights)
+    if is_detector(net):
+        raise DarkpyError(f"{cfg}: `predict` shows classifier labels; this network is a detector")
     names = None
     k = top
     data_path = Path(data) if data is not None else find_data_file(cfg)

@@ -31,6 +31,14 @@ def test_nms_sort_per_class_and_objectness():
     np.testing.assert_allclose(out.probs, [(0.9, 0.0), (0.0, 0.7), (0.6, 0.0)])
 
 
+def test_nms_suppressed_box_suppresses_nothing():
+    """A > B > C > D in score; A overlaps B, B overlaps C, C overlaps D, A does not overlap C: B is
+    suppressed by A, so C survives (B no longer counts) and suppresses D."""
+    rows = [(0.20, 0.5, 0.2, 0.2), (0.30, 0.5, 0.2, 0.2), (0.40, 0.5, 0.2, 0.2), (0.50, 0.5, 0.2, 0.2)]
+    out = do_nms_sort(boxes(rows, [(0.9,), (0.8,), (0.7,), (0.6,)]), 0.3)   # neighbours: IoU 1/3
+    np.testing.assert_allclose(out.probs[:, 0], [0.9, 0.0, 0.7, 0.0])
+
+
 def test_nms_threshold_is_strict_and_ties_keep_the_first():
     a = (0.3, 0.5, 0.4, 0.4)
     b = (0.5, 0.5, 0.4, 0.4)                               # IoU(a, b) = 0.08 / 0.24 = 1/3

@@ -124,6 +124,17 @@ def test_maxpool_backward_adds_only_at_the_argmax():
     assert net.layers[0].delta.reshape(-1).tolist() == [1.0, 3.0, 1.0, 1.0]
 
 
+def test_windows_entirely_outside_the_image_output_darknet_min_and_no_gradient():
+    net = pool_net("[maxpool]\nsize=2\nstride=1\npadding=5", c=1, h=3, w=3, batch=1)   # origin -2
+    net.forward(np.full(net.input.shape, 0.5))
+    out = net.layers[1].output[0, 0]
+    assert out.shape == (7, 7) and out[0, 0] == -3.4028234663852886e38 and out[1, 1] == 0.5
+    net.layers[1].delta.fill(1.0)
+    net.layers[1].backward(State(input=net.layers[0].output, delta=net.layers[0].delta, truth=None,
+                                 train=True, layers=net.layers))
+    assert net.layers[0].delta.sum() == (out == 0.5).sum()
+
+
 # -- cfg errors --------------------------------------------------------------------------------------
 def test_maxpool_needs_an_image():
     with pytest.raises(CfgError, match="image"):

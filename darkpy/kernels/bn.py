@@ -3,7 +3,9 @@
 Every kernel works on a layer's raw product viewed as `(batch, channels, spatial)` (spatial = out_h·out_w,
 1 for connected) and does in ONE pass over memory what Darknet does in four or five (normalise, scale,
 add bias, activate; or activation gradient, bias/scale gradients, BN backward). Parallel loops run over
-channels when a channel's statistics are reduced, else over (item, channel) rows.
+channels when a channel's statistics are reduced, else over (item, channel) rows. The row helpers
+pick the activation once per row, so the common ones (linear, leaky, relu, logistic) run as tight
+loops the compiler vectorises; the others go through the generic per-element `_act`/`_grad`.
 
 Batch norm, darkpy semantics (the GPU/cuDNN-trained semantics, DESIGN §5):
     x̂ = (x − μ)/sqrt(σ² + 1e-5),  σ² unbiased (÷(N−1)),  N = batch·spatial,
@@ -22,12 +24,73 @@ import math
 
 from numba import prange
 
-from . import pjit
-from .activations import _act, _grad
+from . import jit, pjit
+from .activations import GELU, HARD_MISH, LEAKY, LINEAR, LOGISTIC, MISH, RELU, SWISH, _act, _grad
 
 EPS = 1e-5              # inside the square root (darkpy, cuDNN, Darknet GPU, AlexeyAB)
 DARKNET_CPU_EPS = 1e-6  # outside the square root (pjreddie CPU forward)
 MOMENTUM = 0.01         # rolling = (1 − MOMENTUM)·rolling + MOMENTUM·batch statistic
+
+
+@jit
+def needs_input(a):
+    """The activations whose gradient needs the pre-activation (as activations.needs_input)."""
+    return a == SWISH or a == MISH or a == HARD_MISH or a == GELU
+
+
+@jit
+def _affine_act_row(row, k, off, a):
+    """row: (S,) in place -> act(row·k + off)."""
+    n = row.shape[0]
+    if a == LINEAR:
+        for s in range(n):
+            row[s] = row[s] * k + off
+    elif a == LEAKY:
+        for s in range(n):
+            z = row[s] * k + off
+            row[s] = z if z > 0 else 0.1 * z
+    elif a == RELU:
+        for s in range(n):
+            z = row[s] * k + off
+            row[s] = z if z > 0 else 0.0
+    elif a == LOGISTIC:
+        for s in range(n):
+            row[s] = 1.0 / (1.0 + math.exp(-(row[s] * k + off)))
+    else:
+        for s in range(n):
+            row[s] = _act(row[s] * k + off, a)
+
+
+@jit
+def _grad_row(d, y, pre, a):
+    """d: (S,) in place *= act'; y: (S,) activated output; pre: (S,) pre-activation (read only for the
+    activations that need it). Returns Σ d after the multiplication."""
+    n = d.shape[0]
+    acc = 0.0
+    if a == LINEAR:
+        for s in range(n):
+            acc += d[s]
+    elif a == LEAKY:
+        for s in range(n):
+            v = d[s] if y[s] > 0 else 0.1 * d[s]
+            d[s] = v
+            acc += v
+    elif a == RELU:
+        for s in range(n):
+            v = d[s] if y[s] > 0 else 0.0
+            d[s] = v
+            acc += v
+    elif a == LOGISTIC:
+        for s in range(n):
+            v = d[s] * y[s] * (1 - y[s])
+            d[s] = v
+            acc += v
+    else:
+        for s in range(n):
+            v = d[s] * _grad(y[s], pre[s], a)
+            d[s] = v
+            acc += v
+    return acc
 
 
 @pjit
@@ -38,12 +101,10 @@ def bias_act_forward(y, pre, biases, act, keep_pre):
     for bc in prange(nb * nc):
         b = bc // nc
         c = bc % nc
-        bias = biases[c]
-        for s in range(ns):
-            z = y[b, c, s] + bias
-            if keep_pre:
-                pre[b, c, s] = z
-            y[b, c, s] = _act(z, act)
+        if keep_pre:
+            for s in range(ns):
+                pre[b, c, s] = y[b, c, s] + biases[c]
+        _affine_act_row(y[b, c], 1.0, biases[c], act)
 
 
 @pjit
@@ -55,10 +116,7 @@ def bias_act_backward(delta, y, pre, bias_grad, act):
     for c in prange(nc):
         acc = 0.0
         for b in range(nb):
-            for s in range(ns):
-                d = delta[b, c, s] * _grad(y[b, c, s], pre[b, c, s], act)
-                delta[b, c, s] = d
-                acc += d
+            acc += _grad_row(delta[b, c], y[b, c], pre[b, c], act)
         bias_grad[c] += acc
 
 
@@ -90,13 +148,11 @@ def bn_act_forward_train(y, xnorm, mean, var, rolling_mean, rolling_var, scales,
             inv = 1.0 / (math.sqrt(v) + DARKNET_CPU_EPS)
         else:
             inv = 1.0 / math.sqrt(v + EPS)
-        g = scales[c]
-        beta = biases[c]
         for b in range(nb):
             for s in range(ns):
-                xn = (y[b, c, s] - m) * inv
-                xnorm[b, c, s] = xn
-                y[b, c, s] = _act(g * xn + beta, act)
+                xnorm[b, c, s] = (y[b, c, s] - m) * inv
+                y[b, c, s] = xnorm[b, c, s]
+            _affine_act_row(y[b, c], scales[c], biases[c], act)
 
 
 @pjit
@@ -111,31 +167,32 @@ def bn_act_forward_infer(y, rolling_mean, rolling_var, scales, biases, act, dark
         else:
             inv = 1.0 / math.sqrt(rolling_var[c] + EPS)
         k = scales[c] * inv
-        off = biases[c] - rolling_mean[c] * k
-        for s in range(ns):
-            y[b, c, s] = _act(y[b, c, s] * k + off, act)
+        _affine_act_row(y[b, c], k, biases[c] - rolling_mean[c] * k, act)
 
 
 @pjit
-def bn_act_backward(delta, y, xnorm, var, scales, biases, bias_grad, scale_grad, act, darknet_cpu):
+def bn_act_backward(delta, y, xnorm, var, scales, biases, bias_grad, scale_grad, act, pre,
+                    darknet_cpu):
     """delta: (B, C, S) gradient w.r.t. the activated output, in place -> w.r.t. the raw product x
     (before normalisation); y, xnorm: (B, C, S) output and x̂ of the last training forward; var: (C,)
-    that forward's batch variance; scales, biases: (C,); bias_grad, scale_grad: (C,) accumulated.
-    The pre-activation γ·x̂ + β is recomputed, so no copy of it is kept."""
+    that forward's batch variance; scales, biases: (C,); bias_grad, scale_grad: (C,) accumulated;
+    pre: (B, C, S) scratch that receives γ·x̂ + β, the pre-activation, for the activations whose
+    gradient needs it (else any (B, C, S) array, untouched)."""
     nb, nc, ns = delta.shape
     n = nb * ns
+    keep_pre = needs_input(act)
     for c in prange(nc):
         g = scales[c]
         beta = biases[c]
         sd = 0.0   # Σ δ
         sdx = 0.0  # Σ δ·x̂
         for b in range(nb):
+            if keep_pre:
+                for s in range(ns):
+                    pre[b, c, s] = g * xnorm[b, c, s] + beta
+            sd += _grad_row(delta[b, c], y[b, c], pre[b, c], act)
             for s in range(ns):
-                xn = xnorm[b, c, s]
-                d = delta[b, c, s] * _grad(y[b, c, s], g * xn + beta, act)
-                delta[b, c, s] = d
-                sd += d
-                sdx += d * xn
+                sdx += delta[b, c, s] * xnorm[b, c, s]
         bias_grad[c] += sd
         scale_grad[c] += sdx
         v = var[c]
@@ -148,8 +205,9 @@ def bn_act_backward(delta, y, xnorm, var, scales, biases, bias_grad, scale_grad,
             fwd = sigma
             nv = max(n - 1, 1)
         # with dx̂ = γ·δ and r = x − μ: dx = dx̂/σ − Σdx̂/(N·σ) − r·Σ(dx̂·r)/(σ³·nv)
+        k_d = g / sigma
         k_mean = g * sd / (n * sigma)
         k_var = g * sdx * fwd * fwd / (sigma * sigma * sigma * nv)
         for b in range(nb):
             for s in range(ns):
-                delta[b, c, s] = g * delta[b, c, s] / sigma - k_mean - xnorm[b, c, s] * k_var
+                delta[b, c, s] = k_d * delta[b, c, s] - k_mean - xnorm[b, c, s] * k_var

@@ -9,8 +9,10 @@ Geometry (spec §2.1, AlexeyAB's `dilation`): output row `oy` reads input rows
 `oy·stride_y − pad + ky·dilation` for `ky = 0..k−1`, where `pad` is the per-side padding already
 multiplied by the dilation; positions outside the image read zero (and receive nothing in col2im).
 
-The column buffer is large (c·k·k·oh·ow values for the biggest layer) and only needed while one layer
-runs, so every layer shares one workspace per dtype, as Darknet shares `net.workspace`. Layers
+Both kernels take a chunk of batch items at once, so a layer makes one parallel numba call and one
+batched GEMM per chunk instead of alternating the two thread pools per item. The column buffer is
+large (items·c·k·k·oh·ow values) and only needed while one layer runs, so every layer shares one
+workspace per dtype, as Darknet shares `net.workspace`. Layers
 `reserve()` their size in `allocate()` and take a view with `get()` in forward/backward; the buffer
 only grows, so no hot path allocates. Consequence: two networks must not run forward/backward at
 the same time in different threads of one process.
@@ -23,6 +25,15 @@ from numba import prange
 from . import pjit
 
 _WORKSPACES: dict[np.dtype, np.ndarray] = {}
+
+#: Column values unrolled at once (32 MiB in float32) when a layer is small enough to batch items;
+#: a layer whose single item needs more still gets one item per chunk.
+CHUNK_VALUES = 1 << 23
+
+
+def chunk_items(per_item: int, batch: int) -> int:
+    """How many batch items to unroll together for a layer needing `per_item` column values each."""
+    return max(1, min(batch, CHUNK_VALUES // max(per_item, 1)))
 
 
 def reserve(size: int, dtype) -> None:
@@ -46,11 +57,13 @@ def get(shape: tuple, dtype) -> np.ndarray:
 
 @pjit
 def im2col(col, x, k, stride_y, stride_x, pad, dilation, out_h, out_w):
-    """col: (c·k·k, out_h·out_w) output; x: (c, h, w) input image.
-    Row r = (ci·k + ky)·k + kx of `col` holds x[ci, oy·sy − pad + ky·d, ox·sx − pad + kx·d]."""
-    c, h, w = x.shape
+    """col: (nb, c·k·k, out_h·out_w) output; x: (nb, c, h, w) input images.
+    Row r = (ci·k + ky)·k + kx of col[b] holds x[b, ci, oy·sy − pad + ky·d, ox·sx − pad + kx·d]."""
+    nb, c, h, w = x.shape
     rows = c * k * k
-    for r in prange(rows):
+    for br in prange(nb * rows):
+        b = br // rows
+        r = br % rows
         kx = r % k
         ky = (r // k) % k
         ci = r // (k * k)
@@ -59,22 +72,24 @@ def im2col(col, x, k, stride_y, stride_x, pad, dilation, out_h, out_w):
             base = oy * out_w
             if iy < 0 or iy >= h:
                 for ox in range(out_w):
-                    col[r, base + ox] = 0
+                    col[b, r, base + ox] = 0
                 continue
             for ox in range(out_w):
                 ix = ox * stride_x - pad + kx * dilation
                 if ix >= 0 and ix < w:
-                    col[r, base + ox] = x[ci, iy, ix]
+                    col[b, r, base + ox] = x[b, ci, iy, ix]
                 else:
-                    col[r, base + ox] = 0
+                    col[b, r, base + ox] = 0
 
 
 @pjit
 def col2im_add(x, col, k, stride_y, stride_x, pad, dilation, out_h, out_w):
-    """x: (c, h, w) delta, ADDED to; col: (c·k·k, out_h·out_w). The adjoint of `im2col`.
-    One thread per input channel, so no two threads write the same element."""
-    c, h, w = x.shape
-    for ci in prange(c):
+    """x: (nb, c, h, w) delta, ADDED to; col: (nb, c·k·k, out_h·out_w). The adjoint of `im2col`.
+    One thread per (item, input channel), so no two threads write the same element."""
+    nb, c, h, w = x.shape
+    for bc in prange(nb * c):
+        b = bc // c
+        ci = bc % c
         for ky in range(k):
             for kx in range(k):
                 r = (ci * k + ky) * k + kx
@@ -86,7 +101,7 @@ def col2im_add(x, col, k, stride_y, stride_x, pad, dilation, out_h, out_w):
                     for ox in range(out_w):
                         ix = ox * stride_x - pad + kx * dilation
                         if ix >= 0 and ix < w:
-                            x[ci, iy, ix] += col[r, base + ox]
+                            x[b, ci, iy, ix] += col[b, r, base + ox]
 
 
 @pjit

@@ -86,7 +86,7 @@ class BatchNormLayer(Layer):
         bn = self.bn
         bnk.bn_act_backward(d, self._view(self.output), self._view(self.xnorm), bn.variance,
                             bn.scales.value, self.biases.value, self.biases.grad, bn.scales.grad,
-                            act.LINEAR, self.darknet_cpu_bn)
+                            act.LINEAR, d, self.darknet_cpu_bn)
         if s.delta is not None:
             ic.add_into(s.delta.reshape(-1), self.delta.reshape(-1))
 

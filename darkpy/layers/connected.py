@@ -42,7 +42,7 @@ class ConnectedLayer(Layer):
                              np.zeros((outputs, n_in), self.dtype), decay=True)
         self.bn = BatchNormParams(outputs, self.dtype) if batch_normalize else None
         self.params = [self.biases, self.weights] + ([self.bn.scales] if self.bn else [])
-        self.pre = np.zeros((0,), self.dtype)       # pre-activation copy (swish/mish/... without BN)
+        self.pre = np.zeros((0,), self.dtype)       # pre-activation (swish/mish/...: their gradient needs it)
         self.xnorm = np.zeros((0,), self.dtype)     # BN x̂ of the last training forward
         self.wgrad_tmp = np.zeros((0,), self.dtype)
         self.dx_tmp = np.zeros((0,), self.dtype)
@@ -68,8 +68,7 @@ class ConnectedLayer(Layer):
 
     def allocate(self, batch: int) -> None:
         super().allocate(batch)
-        self.pre = (np.zeros_like(self.output) if act.needs_input(self.act) and not self.bn
-                    else np.zeros((0,), self.dtype))
+        self.pre = np.zeros_like(self.output) if act.needs_input(self.act) else np.zeros((0,), self.dtype)
         self.xnorm = np.zeros_like(self.output) if self.bn else np.zeros((0,), self.dtype)
         self.wgrad_tmp = np.zeros_like(self.weights.value)
         self.dx_tmp = np.zeros((batch, self.inputs), self.dtype)

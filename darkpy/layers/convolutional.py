@@ -81,9 +81,10 @@ class ConvolutionalLayer(Layer):
                              np.zeros((filters, c // groups, size, size), self.dtype), decay=True)
         self.bn = BatchNormParams(filters, self.dtype) if batch_normalize else None
         self.params = [self.biases] + ([self.bn.scales] if self.bn else []) + [self.weights]
-        self.pre = np.zeros((0,), self.dtype)      # pre-activation copy (swish/mish/... without BN)
+        self.pre = np.zeros((0,), self.dtype)      # pre-activation (swish/mish/...: their gradient needs it)
         self.xnorm = np.zeros((0,), self.dtype)    # BN x̂ of the last training forward
         self.wgrad_tmp = np.zeros((0,), self.dtype)
+        self.chunk = 1
         self._trained = False                      # last forward was in training mode
 
     # -- construction ---------------------------------------------------------------------------
@@ -159,12 +160,12 @@ class ConvolutionalLayer(Layer):
 
     def allocate(self, batch: int) -> None:
         super().allocate(batch)
-        self.pre = (np.zeros_like(self.output) if act.needs_input(self.act) and not self.bn
-                    else np.zeros((0,), self.dtype))
+        self.pre = np.zeros_like(self.output) if act.needs_input(self.act) else np.zeros((0,), self.dtype)
         self.xnorm = np.zeros_like(self.output) if self.bn else np.zeros((0,), self.dtype)
-        self.wgrad_tmp = np.zeros(self.weights.value.shape[0] // self.groups * self.col_shape[0],
-                                  self.dtype)
-        ic.reserve(self.col_shape[0] * self.col_shape[1], self.dtype)
+        rows, cols = self.col_shape
+        self.chunk = ic.chunk_items(rows * cols, batch)
+        self.wgrad_tmp = np.zeros((self.chunk, self.n // self.groups, rows), self.dtype)
+        ic.reserve(self.chunk * rows * cols, self.dtype)
         self._trained = False
 
     def extra_buffers(self) -> list[np.ndarray]:
@@ -177,27 +178,34 @@ class ConvolutionalLayer(Layer):
             w[...] = w.reshape(-1, self.n).T.reshape(w.shape).copy()
 
     # -- compute --------------------------------------------------------------------------------
-    def _geometry(self):
-        return self.size, self.stride_y, self.stride_x, self.padding * self.dilation, self.dilation
+    def _columns(self, xg: np.ndarray) -> np.ndarray:
+        """The column matrices (items, c/g·k·k, oh·ow) of the input chunk xg (items, c/g, h, w):
+        a view of xg itself for 1x1 stride-1 unpadded layers, else unrolled into the workspace."""
+        nb, cg = xg.shape[:2]
+        if self.is_gemm_only:
+            return xg.reshape(nb, cg, -1)
+        col = ic.get((nb, *self.col_shape), self.dtype)
+        _, oh, ow = self.out_shape
+        ic.im2col(col, xg, self.size, self.stride_y, self.stride_x, self.padding * self.dilation,
+                  self.dilation, oh, ow)
+        return col
+
+    def _chunks(self):
+        """(item slice, group index, input-channel slice, filter slice) for every GEMM block."""
+        cg, ng = self.in_shape[0] // self.groups, self.n // self.groups
+        step = self.chunk
+        for b0 in range(0, self.batch, step):
+            for j in range(self.groups):
+                yield (slice(b0, min(b0 + step, self.batch)), j, slice(j * cg, (j + 1) * cg),
+                       slice(j * ng, (j + 1) * ng))
 
     def forward(self, s: State) -> None:
-        x = s.input.reshape(self.batch, *self.in_shape)
-        nb = self.batch
-        g, ng = self.groups, self.n // self.groups
-        cg = self.in_shape[0] // g
         _, oh, ow = self.out_shape
-        y = self.output.reshape(nb, self.n, oh * ow)
-        wmat = self.weights.value.reshape(g, ng, -1)
-        k, sy, sx, pad, dil = self._geometry()
-        for b in range(nb):
-            for j in range(g):
-                xg = x[b, j * cg:(j + 1) * cg]
-                if self.is_gemm_only:
-                    col = xg.reshape(cg, -1)
-                else:
-                    col = ic.get(self.col_shape, self.dtype)
-                    ic.im2col(col, xg, k, sy, sx, pad, dil, oh, ow)
-                np.matmul(wmat[j], col, out=y[b, j * ng:(j + 1) * ng])
+        x = s.input.reshape(self.batch, *self.in_shape)
+        y = self.output.reshape(self.batch, self.n, oh * ow)
+        wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
+        for items, j, cin, fout in self._chunks():
+            np.matmul(wmat[j], self._columns(x[items, cin]), out=y[items, fout])
         self._trained = s.train
         if self.bn is None:
             bnk.bias_act_forward(y, self.pre.reshape(y.shape) if self.pre.size else y,
@@ -213,39 +221,31 @@ class ConvolutionalLayer(Layer):
                                      self.biases.value, self.act, self.darknet_cpu_bn)
 
     def backward(self, s: State) -> None:
-        nb = self.batch
-        g, ng = self.groups, self.n // self.groups
-        cg = self.in_shape[0] // g
         _, oh, ow = self.out_shape
-        d = self.delta.reshape(nb, self.n, oh * ow)
-        y = self.output.reshape(d.shape)
-        backward_bias_bn_act(self, d, y)
-        x = s.input.reshape(nb, *self.in_shape)
-        prev = s.delta.reshape(nb, *self.in_shape) if s.delta is not None else None
-        wmat = self.weights.value.reshape(g, ng, -1)
-        wgrad = self.weights.grad.reshape(g, ng, -1)
-        tmp = self.wgrad_tmp.reshape(ng, -1)
-        k, sy, sx, pad, dil = self._geometry()
-        for b in range(nb):
-            for j in range(g):
-                dg = d[b, j * ng:(j + 1) * ng]
-                xg = x[b, j * cg:(j + 1) * cg]
-                if self.is_gemm_only:
-                    col = xg.reshape(cg, -1)
-                else:
-                    col = ic.get(self.col_shape, self.dtype)
-                    ic.im2col(col, xg, k, sy, sx, pad, dil, oh, ow)
-                np.matmul(dg, col.T, out=tmp)
-                ic.add_into(wgrad[j].reshape(-1), tmp.reshape(-1))
-                if prev is None:
-                    continue
-                dcol = ic.get(self.col_shape, self.dtype)
-                np.matmul(wmat[j].T, dg, out=dcol)
-                pg = prev[b, j * cg:(j + 1) * cg]
-                if self.is_gemm_only:
-                    ic.add_into(pg.reshape(-1), dcol.reshape(-1))
-                else:
-                    ic.col2im_add(pg, dcol, k, sy, sx, pad, dil, oh, ow)
+        d = self.delta.reshape(self.batch, self.n, oh * ow)
+        backward_bias_bn_act(self, d, self.output.reshape(d.shape))
+        x = s.input.reshape(self.batch, *self.in_shape)
+        prev = s.delta.reshape(self.batch, *self.in_shape) if s.delta is not None else None
+        wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
+        wgrad = self.weights.grad.reshape(wmat.shape)
+        for items, j, cin, fout in self._chunks():
+            dg = d[items, fout]
+            nb = dg.shape[0]
+            col = self._columns(x[items, cin])
+            tmp = self.wgrad_tmp[:nb]
+            np.matmul(dg, col.transpose(0, 2, 1), out=tmp)
+            for i in range(nb):
+                wgrad[j] += tmp[i]
+            if prev is None:
+                continue
+            dcol = ic.get((nb, *self.col_shape), self.dtype)
+            np.matmul(wmat[j].T, dg, out=dcol)
+            pg = prev[items, cin]
+            if self.is_gemm_only:
+                pg += dcol.reshape(pg.shape)
+            else:
+                ic.col2im_add(pg, dcol, self.size, self.stride_y, self.stride_x,
+                              self.padding * self.dilation, self.dilation, oh, ow)
 
     # -- file layout, summary ---------------------------------------------------------------------
     def weight_arrays(self) -> list[np.ndarray]:
@@ -280,5 +280,5 @@ def backward_bias_bn_act(layer, d: np.ndarray, y: np.ndarray) -> None:
     bn = layer.bn
     bnk.bn_act_backward(d, y, layer.xnorm.reshape(d.shape), bn.variance, bn.scales.value,
                         layer.biases.value, layer.biases.grad, bn.scales.grad, layer.act,
-                        layer.darknet_cpu_bn)
+                        layer.pre.reshape(d.shape) if layer.pre.size else y, layer.darknet_cpu_bn)
 

@@ -7,7 +7,9 @@ Window geometry, shared by maxpool and local_avgpool:
 - the first window starts at `-(padding // 2)`: Darknet computes `-padding/2` in C, which truncates
   toward zero, so for odd padding the extra row/column falls on the bottom/right;
 - positions outside the image never win a max (Darknet uses -FLT_MAX there) and are left out of an
-  average (AlexeyAB divides by the number of in-image positions, like cuDNN's "exclude padding").
+  average (AlexeyAB divides by the number of in-image positions, like cuDNN's "exclude padding");
+  a window with no in-image position at all (possible when padding/2 >= size) outputs -FLT_MAX (max) or 0 (mean)
+  and passes no gradient.
 """
 from __future__ import annotations
 
@@ -19,10 +21,15 @@ from .base import Layer, State, fmt_shape, register
 
 
 # -- kernels -------------------------------------------------------------------------------------
+#: Darknet's value for a window with no in-image position (-FLT_MAX); such an output gets no gradient.
+EMPTY = -3.4028234663852886e38
+
+
 @pjit
 def maxpool_forward(out, idx, x, size, sy, sx, off):
     """out: (B, C, OH, OW); idx: (B, C, OH, OW) int64, flat index into x of each max (-1: none);
-    x: (B, C, H, W). Ties keep the first position in row-major window order (Darknet's `>`)."""
+    x: (B, C, H, W). Out-of-image positions are skipped (Darknet: -FLT_MAX, never the max); ties
+    keep the first position in row-major window order (Darknet's `>`)."""
     B, C, H, W = x.shape
     OH, OW = out.shape[2], out.shape[3]
     for bc in prange(B * C):
@@ -30,23 +37,25 @@ def maxpool_forward(out, idx, x, size, sy, sx, off):
         c = bc % C
         base = bc * H * W
         for i in range(OH):
+            y0 = max(off + i * sy, 0)
+            y1 = min(off + i * sy + size, H)
             for j in range(OW):
-                best = -np.inf
-                best_i = -1
-                for n in range(size):
-                    y = off + i * sy + n
-                    if y < 0 or y >= H:
-                        continue
-                    for m in range(size):
-                        xx = off + j * sx + m
-                        if xx < 0 or xx >= W:
-                            continue
+                x0 = max(off + j * sx, 0)
+                x1 = min(off + j * sx + size, W)
+                if y1 <= y0 or x1 <= x0:
+                    out[b, c, i, j] = EMPTY
+                    idx[b, c, i, j] = -1
+                    continue
+                best = x[b, c, y0, x0]
+                best_i = y0 * W + x0
+                for y in range(y0, y1):
+                    for xx in range(x0, x1):
                         v = x[b, c, y, xx]
-                        if v > best or best_i < 0:
+                        if v > best:
                             best = v
-                            best_i = base + y * W + xx
+                            best_i = y * W + xx
                 out[b, c, i, j] = best
-                idx[b, c, i, j] = best_i
+                idx[b, c, i, j] = base + best_i
 
 
 @pjit

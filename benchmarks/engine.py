@@ -1,0 +1,730 @@
+"""How the suite measures: one worker process per contender, outputs checked equal first, then
+alternating timed runs.
+
+Contenders: `darkpy`, `torch` (NCHW) and `torch-cl` (torch with `channels_last`); the faster torch
+layout is darkpy's peer. Each runs in its own process (`python -m benchmarks.engine KIND`, driven by
+JSON lines on stdin/stdout) so peak memory (VmHWM) is each one's own, and the torch process
+never imports darkpy or numba: it gets the network as `torch_model.layer_spec` dicts. Every process is
+started fresh per (network, phase), so a phase's peak memory is that phase's. Only one process
+computes at a time: the parent asks each in turn for one timed sample, rotating the order every
+round, so a change of machine load hits every contender alike.
+
+Both frameworks get the same thread count (default 2, one per core): darkpy through
+`darkpy.train.configure_threads` (numba and BLAS), torch through `torch.set_num_threads`. Worker
+processes run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (this workplace sets them for old
+OpenBLAS builds, and they slow numpy's current one); the BLAS kernel in use is recorded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import platform
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("DARKPY_SHARED", ROOT.parent / "shared")).resolve()
+CONTENDERS = ("darkpy", "torch", "torch-cl")
+#: Environment variable naming a built Darknet executable (the C reference); skipped when unset.
+DARKNET_ENV = "DARKPY_BENCH_DARKNET"
+PAUSE_S = 0.05          # between two contenders' samples, so one's spinning threads never overlap
+
+
+def worker_env(threads: int, **extra: str) -> dict[str, str]:
+    """The environment of every measured process (see the module docstring)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+# =====================================================================================================
+# Worker side: runs inside `python -m benchmarks.engine KIND`
+# =====================================================================================================
+
+class DarkpyRunner:
+    """darkpy's side of a phase: the network at the phase's batch, its op, per-layer timing."""
+
+    def __init__(self, job: dict):
+        from darkpy.cfg import CfgWarning, load_cfg
+        from darkpy.network import Network
+        from darkpy.train import configure_threads
+
+        configure_threads(job["threads"])
+        doc = load_cfg(job["cfg"])
+        for key, value in job["edits"].items():
+            doc.set(key, value)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CfgWarning)
+            self.net = Network(doc, batch=job["batch"])
+        self.net.load_weights(job["weights"])
+        self.job = job
+        self.x = np.load(job["input"])
+        self.truth = None
+        if job["labels"]:
+            labels = np.load(job["labels"])
+            self.truth = np.zeros((len(labels), self.net.truths), np.float32)
+            self.truth[np.arange(len(labels)), labels] = 1
+        self.heads = sorted({self.net.output_layer.index}
+                            | {l.index for l in self.net.layers if l.kind == "yolo"})
+
+    def op(self) -> None:
+        if self.job["mode"] == "train":
+            self.net.forward(self.x, self.truth, train=True)
+            self.net.backward()
+            self.net.update(self.job["rate"])
+        else:
+            self.net.forward(self.x)
+
+    def check(self, out: str, all_layers: bool) -> dict:
+        self.net.forward(self.x)
+        picks = range(len(self.net.layers)) if all_layers else self.heads
+        np.savez(out, **{str(i): self.net.layers[i].output.reshape(len(self.x), -1) for i in picks})
+        reply = {"heads": self.heads}
+        if self.truth is not None:
+            self.net.forward(self.x, self.truth, train=True)     # loss only: no backward, no update
+            reply["loss"] = self.net.cost
+        return reply
+
+    def layers(self) -> dict:
+        """One op with every layer's forward (and backward) timed, and the update."""
+        fwd = [0.0] * len(self.net.layers)
+        bwd = [0.0] * len(self.net.layers)
+
+        def timed(fn, store, i):
+            def run(s):
+                t0 = time.perf_counter()
+                fn(s)
+                store[i] += time.perf_counter() - t0
+            return run
+
+        for i, layer in enumerate(self.net.layers):
+            layer.forward = timed(layer.forward, fwd, i)
+            layer.backward = timed(layer.backward, bwd, i)
+        try:
+            if self.job["mode"] == "train":
+                self.net.forward(self.x, self.truth, train=True)
+                self.net.backward()
+                t0 = time.perf_counter()
+                self.net.update(self.job["rate"])
+                update = time.perf_counter() - t0
+            else:
+                self.net.forward(self.x)
+                update = 0.0
+        finally:
+            for layer in self.net.layers:
+                del layer.forward, layer.backward       # back to the class's methods
+        return {"fwd": fwd, "bwd": bwd if self.job["mode"] == "train" else None, "update": update}
+
+
+class TorchRunner:
+    """torch's side of a phase, in NCHW or channels_last."""
+
+    def __init__(self, job: dict, channels_last: bool):
+        import torch
+
+        from .torch_model import TorchNet, make_optimizer
+
+        self.torch = torch
+        torch.set_num_threads(job["threads"])
+        torch.manual_seed(0)
+        with open(job["spec"], "rb") as f:
+            specs = pickle.load(f)
+        self.model = TorchNet(specs)
+        del specs
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        self.model = self.model.to(memory_format=fmt)
+        self.x = torch.from_numpy(np.load(job["input"])).contiguous(memory_format=fmt)
+        self.job = job
+        self.labels = torch.from_numpy(np.load(job["labels"])) if job["labels"] else None
+        if job["mode"] == "train":
+            self.model.train()
+            self.opt = make_optimizer(self.model, job["rate"], job["momentum"], job["decay"])
+        else:
+            self.model.eval()
+
+    def op(self) -> None:
+        if self.job["mode"] == "train":
+            self.opt.zero_grad(set_to_none=True)
+            self.model.loss(self.x, self.labels, self.job["batch"]).backward()
+            self.opt.step()
+        else:
+            with self.torch.inference_mode():
+                self.model(self.x)
+
+    def check(self, out: str, all_layers: bool) -> dict:
+        torch = self.torch
+        training = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            outs = self.model(self.x, keep_all=all_layers)
+        picks = range(len(outs)) if all_layers else self.model.heads
+        np.savez(out, **{str(i): o.contiguous().reshape(len(self.x), -1).numpy() for i, o in zip(picks, outs)})
+        reply = {"heads": self.model.heads}
+        if self.labels is not None:
+            self.model.train()
+            with torch.no_grad():
+                reply["loss"] = float(self.model.loss(self.x, self.labels, 1))
+        self.model.train(training)
+        return reply
+
+    def layers(self) -> dict:
+        with self.torch.inference_mode():
+            fwd = self.model.forward_timed(self.x) if self.job["mode"] == "infer" else None
+        return {"fwd": fwd, "bwd": None, "update": 0.0}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory. /proc's VmHWM, not getrusage's ru_maxrss: Linux carries
+    the parent's peak over fork+exec into ru_maxrss, so every worker would report at least the
+    parent's size."""
+    try:
+        with open("/proc/self/status") as f:
+            m = re.search(r"VmHWM:\s*(\d+)\s*kB", f.read())
+        if m:
+            return int(m.group(1)) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def worker_main(kind: str) -> None:
+    """Serve one contender: read a JSON request per line, answer one JSON line each."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)                      # anything else printed (by us or by C code) goes to stderr
+    runner = None
+    for line in sys.stdin:
+        msg = json.loads(line)
+        op = msg.pop("op")
+        try:
+            if op == "quit":
+                break
+            if op == "setup":
+                t0 = time.perf_counter()
+                runner = DarkpyRunner(msg) if kind == "darkpy" else TorchRunner(msg, kind == "torch-cl")
+                reply = {"setup_s": time.perf_counter() - t0}
+            elif op == "run":
+                t0 = time.perf_counter()
+                for _ in range(msg["n"]):
+                    runner.op()
+                reply = {"s": (time.perf_counter() - t0) / msg["n"]}
+            elif op == "rss":
+                reply = {"maxrss_mb": peak_rss_mb()}
+            else:
+                reply = getattr(runner, op)(**msg)
+        except Exception:
+            reply = {"error": traceback.format_exc()}
+        proto.write(json.dumps(reply) + "\n")
+
+
+# =====================================================================================================
+# Parent side
+# =====================================================================================================
+
+class WorkerError(RuntimeError):
+    pass
+
+
+class Worker:
+    """A contender's process, asked one request at a time."""
+
+    def __init__(self, kind: str, threads: int):
+        self.kind = kind
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.engine", kind], cwd=ROOT,
+                                     env=worker_env(threads), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True)
+
+    def call(self, op: str, **args) -> dict:
+        try:
+            self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            self.log.seek(0)
+            raise WorkerError(f"{self.kind} worker died during {op}:\n{self.log.read()[-3000:]}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise WorkerError(f"{self.kind} {op} failed:\n{reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@dataclass
+class NetSpec:
+    """One network of the suite."""
+
+    name: str
+    cfg: Path
+    size: int | None = None             # input width = height (None: the cfg's)
+    train_batch: int | None = None      # None: inference only
+    note: str = ""
+    optional: bool = False              # skipped quietly when the cfg does not exist
+
+
+@dataclass
+class Options:
+    threads: int = 2
+    reps: int = 5                       # timed rounds per phase (at most)
+    budget_s: float = 60.0              # per phase: fewer rounds when one round takes longer
+    min_sample_s: float = 0.3           # a sample repeats the op until it lasts this long
+    infer_batch: int = 64
+    layer_tables: bool = False          # per-layer timing in every phase (else only batch-64 inference)
+    tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="darkpy-bench-")))
+    log: object = sys.stderr
+
+
+def _say(opts: Options, text: str) -> None:
+    print(text, file=opts.log, flush=True)
+
+
+# -- preparing a network -----------------------------------------------------------------------------
+
+def edits_for(spec: NetSpec, batch: int) -> dict[str, str]:
+    edits = {"net.batch": str(batch), "net.subdivisions": "1"}
+    if spec.size:
+        edits.update({"net.width": str(spec.size), "net.height": str(spec.size)})
+    return edits
+
+
+def sane_weights(layers, seed: int = 0) -> None:
+    """Random weights a trained network could have: darkpy's init, plus batch-norm statistics and
+    biases that are not the untrained zeros (rolling variance 0 would divide by sqrt(1e-5))."""
+    rng = np.random.default_rng(seed)
+    for layer in layers:
+        init = getattr(layer, "init_weights", None)
+        if init is not None:
+            init(rng)
+        bn = getattr(layer, "bn", None)
+        if bn is not None:
+            bn.scales.value[...] = rng.uniform(0.5, 1.5, bn.scales.value.shape)
+            bn.rolling_mean[...] = rng.normal(0, 0.1, bn.rolling_mean.shape)
+            bn.rolling_variance[...] = rng.uniform(0.5, 2.0, bn.rolling_variance.shape)
+        biases = getattr(layer, "biases", None)
+        if biases is not None and hasattr(biases, "value"):
+            biases.value[...] = rng.normal(0, 0.1, biases.value.shape)
+
+
+@dataclass
+class Prepared:
+    weights: str
+    spec: str | None                    # pickled layer specs for torch (None: not translatable)
+    unsupported: str | None
+    input_shape: tuple
+    classes: int
+    flops: float                        # forward FLOPs per image (Darknet's count: conv + connected)
+    conv_flops: float
+    layer_rows: list                    # (index, kind, out_shape, flops) per layer
+    momentum: float
+    decay: float
+
+
+#: Learning rate of the timed training steps (both frameworks): small, so that many steps on random
+#: labels never diverge into inf/NaN (whose arithmetic could run at another speed).
+TRAIN_RATE = 1e-3
+
+
+def prepare(spec: NetSpec, opts: Options) -> Prepared:
+    """Build the layers once (no buffers), give them sane random weights, write them for darkpy as a
+    .weights file and for torch as pickled layer specs."""
+    from types import SimpleNamespace
+
+    from darkpy.cfg import CfgWarning, load_cfg
+    from darkpy.network import build_layers
+    from darkpy.weights import save_weights
+
+    from .torch_model import Unsupported, layer_spec
+
+    doc = load_cfg(spec.cfg)
+    for key, value in edits_for(spec, 1).items():
+        doc.set(key, value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CfgWarning)
+        config, layers = build_layers(doc)
+    sane_weights(layers)
+    base = opts.tmp / spec.name
+    weights = f"{base}.weights"
+    save_weights(SimpleNamespace(layers=layers, seen=0), weights)
+    spec_path, unsupported = f"{base}.torch.pkl", None
+    try:
+        with open(spec_path, "wb") as f:
+            pickle.dump([layer_spec(l) for l in layers], f)
+    except Unsupported as e:
+        spec_path, unsupported = None, str(e)
+    out = max((l for l in layers if l.kind != "cost"), key=lambda l: l.index)
+    rows = [(l.index, l.kind, tuple(l.out_shape), float(l.flops())) for l in layers]
+    return Prepared(weights, spec_path, unsupported, tuple(config.input_shape), out.outputs,
+                    sum(r[3] for r in rows), sum(r[3] for r in rows if r[1] == "convolutional"), rows,
+                    config.momentum, config.decay)
+
+
+# -- one phase ---------------------------------------------------------------------------------------
+
+def _summary(samples: list[float], batch: int) -> dict:
+    med = statistics.median(samples)
+    return {"samples_s": samples, "median_s": med, "min_s": min(samples), "max_s": max(samples),
+            "images_per_s": batch / med}
+
+
+def compare(a_path: str, b_path: str) -> dict:
+    """Largest difference of every saved output, relative to that output's largest magnitude."""
+    worst, worst_at, n = 0.0, None, 0
+    with np.load(a_path) as a, np.load(b_path) as b:
+        for key in a.files:
+            x, y = a[key], b[key]
+            if x.shape != y.shape:
+                return {"ok": False, "why": f"layer {key}: shapes {x.shape} and {y.shape}"}
+            scale = max(float(np.abs(x).max()), 1e-3)
+            err = float(np.abs(x - y).max()) / scale
+            if not np.isfinite(err):
+                err = float("inf")
+            if err >= worst:
+                worst, worst_at = err, int(key)
+            n += 1
+    return {"ok": worst <= 1e-3, "max_rel_err": worst, "worst_layer": worst_at, "outputs_compared": n}
+
+
+def run_phase(spec: NetSpec, prep: Prepared, mode: str, batch: int, opts: Options,
+              per_layer: bool) -> dict:
+    name = f"{'train' if mode == 'train' else 'infer'} b{batch}"
+    result: dict = {"phase": name, "mode": mode, "batch": batch, "contenders": {}}
+    rng = np.random.default_rng(batch + (1000 if mode == "train" else 0))
+    inp = opts.tmp / f"{spec.name}.{mode}{batch}.x.npy"
+    np.save(inp, rng.random((batch, *prep.input_shape), dtype=np.float32))
+    labels = None
+    if mode == "train":
+        labels = opts.tmp / f"{spec.name}.{mode}{batch}.y.npy"
+        np.save(labels, rng.integers(0, prep.classes, batch))
+    job = {"cfg": str(spec.cfg), "edits": edits_for(spec, batch), "weights": prep.weights, "spec": prep.spec,
+           "batch": batch, "mode": mode, "threads": opts.threads, "input": str(inp),
+           "labels": str(labels) if labels else None, "rate": TRAIN_RATE, "momentum": prep.momentum,
+           "decay": prep.decay}
+    kinds = [k for k in CONTENDERS if k == "darkpy" or prep.spec]
+    if not prep.spec:
+        result["torch_skipped"] = prep.unsupported
+    workers: dict[str, Worker] = {}
+    try:
+        for kind in kinds:                       # one at a time: set-up is not timed, but it computes
+            w = Worker(kind, opts.threads)
+            workers[kind] = w
+            try:
+                result["contenders"][kind] = {"setup_s": w.call("setup", **job)["setup_s"]}
+            except WorkerError as e:
+                result["contenders"][kind] = {"error": str(e)}
+                w.close()
+                del workers[kind]
+        if "darkpy" not in workers:
+            return result
+        # 1. outputs agree first (all layers at batch 1 inference, the heads otherwise)
+        all_layers = mode == "infer" and batch == 1
+        checks = {}
+        for kind, w in list(workers.items()):
+            path = str(opts.tmp / f"{spec.name}.{name.replace(' ', '')}.{kind}.npz")
+            try:
+                checks[kind] = (path, w.call("check", out=path, all_layers=all_layers))
+            except WorkerError as e:
+                result["contenders"][kind]["error"] = str(e)
+                w.close()
+                del workers[kind]
+        result["checks"] = {}
+        for kind in [k for k in checks if k != "darkpy"]:
+            c = compare(checks["darkpy"][0], checks[kind][0])
+            loss_d, loss_t = checks["darkpy"][1].get("loss"), checks[kind][1].get("loss")
+            if loss_d is not None and loss_t is not None:
+                has_dropout = any(r[1] == "dropout" for r in prep.layer_rows)
+                c["train_loss"] = {"darkpy": loss_d, "torch": loss_t,
+                                   "compared": not has_dropout}
+                if not has_dropout and abs(loss_d - loss_t) > 1e-2 * max(abs(loss_d), 1.0):
+                    c["ok"] = False
+                    c["why"] = f"training loss darkpy {loss_d:.6g}, torch {loss_t:.6g}"
+            result["checks"][kind] = c
+            if not c["ok"]:
+                result["contenders"][kind]["error"] = f"outputs differ from darkpy's: {c}"
+                workers.pop(kind).close()
+        # 2. warm up, size the samples, then alternate
+        inner, warm = {}, {}
+        for kind, w in workers.items():
+            t = w.call("run", n=1)["s"]
+            warm[kind] = t
+            inner[kind] = max(1, int(round(opts.min_sample_s / max(t, 1e-6))))
+            result["contenders"][kind].update(warmup_s=t, runs_per_sample=inner[kind])
+        per_round = sum(warm[k] * inner[k] for k in workers) + PAUSE_S * len(workers)
+        rounds = max(1, min(opts.reps, int(opts.budget_s // max(per_round, 1e-6))))
+        samples: dict[str, list[float]] = {k: [] for k in workers}
+        order = list(workers)
+        for r in range(rounds):
+            for kind in order[r % len(order):] + order[:r % len(order)]:
+                samples[kind].append(workers[kind].call("run", n=inner[kind])["s"])
+                time.sleep(PAUSE_S)
+        for kind, s in samples.items():
+            result["contenders"][kind].update(_summary(s, batch))
+            fwd_flops = prep.flops * batch * (3 if mode == "train" else 1)
+            result["contenders"][kind]["gflops"] = fwd_flops / statistics.median(s) / 1e9
+        torch_kinds = [k for k in samples if k != "darkpy"]
+        if torch_kinds and "darkpy" in samples:
+            peer = min(torch_kinds, key=lambda k: result["contenders"][k]["median_s"])
+            result["peer"] = peer
+            result["ratio"] = (result["contenders"]["darkpy"]["images_per_s"]
+                               / result["contenders"][peer]["images_per_s"])
+        # 3. per-layer times (one more op each: darkpy, and torch's faster layout)
+        if per_layer:
+            table = {"darkpy": workers["darkpy"].call("layers")}
+            if result.get("peer") and mode == "infer":
+                table["torch"] = workers[result["peer"]].call("layers")
+            result["layers"] = layer_table(prep, table, batch)
+            if mode == "infer":
+                result["conv_forward_gflops"] = conv_gflops(prep, table["darkpy"]["fwd"], batch)
+                if "torch" in table:
+                    result["torch_conv_forward_gflops"] = conv_gflops(prep, table["torch"]["fwd"], batch)
+        for kind, w in workers.items():
+            result["contenders"][kind]["maxrss_mb"] = w.call("rss")["maxrss_mb"]
+    finally:
+        for w in workers.values():
+            w.close()
+    return result
+
+
+def layer_table(prep: Prepared, table: dict, batch: int) -> list[dict]:
+    rows = []
+    for (index, kind, shape, flops) in prep.layer_rows:
+        row = {"index": index, "kind": kind, "out_shape": list(shape), "mflop": flops * batch / 1e6,
+               "darkpy_fwd_ms": table["darkpy"]["fwd"][index] * 1e3}
+        if table["darkpy"]["bwd"] is not None:
+            row["darkpy_bwd_ms"] = table["darkpy"]["bwd"][index] * 1e3
+        if "torch" in table and table["torch"]["fwd"] is not None:
+            row["torch_fwd_ms"] = table["torch"]["fwd"][index] * 1e3
+        rows.append(row)
+    if table["darkpy"]["update"]:
+        rows.append({"index": None, "kind": "update", "darkpy_fwd_ms": 0.0,
+                     "darkpy_bwd_ms": table["darkpy"]["update"] * 1e3})
+    return rows
+
+
+def conv_gflops(prep: Prepared, fwd_times: list[float], batch: int) -> float:
+    t = sum(fwd_times[i] for (i, kind, _s, _f) in prep.layer_rows if kind == "convolutional")
+    return prep.conv_flops * batch / t / 1e9 if t > 0 else 0.0
+
+
+def bench_network(spec: NetSpec, opts: Options) -> dict:
+    _say(opts, f"== {spec.name} ({spec.cfg})")
+    prep = prepare(spec, opts)
+    out = {"name": spec.name, "cfg": _rel(spec.cfg), "input": list(prep.input_shape), "note": spec.note,
+           "gflop_per_image": prep.flops / 1e9, "phases": []}
+    phases = [("infer", 1), ("infer", opts.infer_batch)]
+    if spec.train_batch:
+        phases.append(("train", spec.train_batch))
+    for mode, batch in phases:
+        per_layer = opts.layer_tables or (mode == "infer" and batch == opts.infer_batch)
+        t0 = time.perf_counter()
+        r = run_phase(spec, prep, mode, batch, opts, per_layer)
+        _say(opts, f"   {r['phase']:<10} {phase_line(r)}   ({time.perf_counter() - t0:.0f} s)")
+        out["phases"].append(r)
+    return out
+
+
+def phase_line(r: dict) -> str:
+    parts = []
+    for kind, c in r["contenders"].items():
+        if "error" in c:
+            parts.append(f"{kind}: ERROR")
+        elif "images_per_s" in c:
+            parts.append(f"{kind} {c['images_per_s']:.1f} img/s")
+    if "ratio" in r:
+        parts.append(f"ratio {r['ratio']:.2f}x vs {r['peer']}")
+    return ", ".join(parts)
+
+
+def _rel(p: Path) -> str:
+    p = Path(p).resolve()
+    for base, label in ((ROOT, ""), (SHARED, "../shared/")):
+        try:
+            return label + str(p.relative_to(base))
+        except ValueError:
+            pass
+    return str(p)
+
+
+# -- the machine ---------------------------------------------------------------------------------------
+
+SGEMM_SCRIPT = r"""
+import json, sys, time
+import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
+
+def best_rate(mm, n, reps=5):
+    mm()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        mm()
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / min(times) / 1e9
+
+threads = int(sys.argv[1])
+threadpool_limits(threads)
+by_size = {}
+for n in (1024, 2048):
+    a, b = np.random.rand(n, n).astype(np.float32), np.random.rand(n, n).astype(np.float32)
+    c = np.empty_like(a)
+    by_size[n] = best_rate(lambda: np.matmul(a, b, out=c), n)
+info = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+out = {"numpy_gflops": max(by_size.values()), "by_size": by_size,
+       "blas": {k: info[0].get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
+       if info else None}
+try:
+    import torch
+except ImportError:
+    pass
+else:
+    torch.set_num_threads(threads)
+    ta, tb = torch.rand(2048, 2048), torch.rand(2048, 2048)
+    out["torch_gflops"] = best_rate(lambda: torch.mm(ta, tb), 2048)
+print(json.dumps(out))
+"""
+
+
+def sgemm_peak(threads: int) -> dict:
+    """The machine's float32 GEMM rate at `threads` threads, through numpy's BLAS (the one darkpy
+    uses) and torch's, measured in a fresh process with the same environment as the workers."""
+    r = subprocess.run([sys.executable, "-c", SGEMM_SCRIPT, str(threads)], env=worker_env(threads),
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    if r.returncode != 0:
+        return {"error": r.stderr[-2000:]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def machine_info(threads: int) -> dict:
+    import numba
+    import numpy
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"model name\s*:\s*(.*)", f.read())
+            cpu = m.group(1).strip() if m else cpu
+    except OSError:
+        pass
+    versions = {"python": platform.python_version(), "numpy": numpy.__version__, "numba": numba.__version__}
+    try:
+        r = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"],
+                           capture_output=True, text=True, timeout=120)
+        versions["torch"] = r.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        versions["torch"] = None
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(mem_gb, 1), "threads": threads,
+            "platform": platform.platform(), "versions": versions,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "loadavg_start": os.getloadavg()}
+
+
+# -- start-up of the darkpy command ------------------------------------------------------------------------
+
+def startup_bench(opts: Options, warm_runs: int = 3) -> dict:
+    """Cold start (fresh kernel cache: everything compiles) and warm start of `darkpy predict` as a
+    whole process, and whether the commands that need no kernel (`--help`, `summary`, `cfg check`)
+    ever compile one (they must leave a fresh NUMBA_CACHE_DIR empty)."""
+    from types import SimpleNamespace
+
+    from darkpy.cfg import load_cfg
+    from darkpy.network import build_layers
+    from darkpy.weights import save_weights
+
+    cfg = ROOT / "cfg" / "digits.cfg"
+    images = sorted((ROOT / "data" / "digits" / "test").glob("*.png"))
+    if not cfg.is_file() or not images:
+        return {"skipped": "cfg/digits.cfg or data/digits/test/*.png missing"}
+    _, layers = build_layers(load_cfg(cfg))
+    sane_weights(layers)
+    weights = str(opts.tmp / "startup-digits.weights")
+    save_weights(SimpleNamespace(layers=layers, seen=0), weights)
+
+    def run(args, cache: Path) -> tuple[float, str, int]:
+        env = worker_env(opts.threads, NUMBA_CACHE_DIR=str(cache))
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "darkpy", *args], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=600)
+        return time.perf_counter() - t0, r.stdout + r.stderr, r.returncode
+
+    cache = opts.tmp / "numba-cache-predict"
+    predict = ["predict", "cfg/digits.cfg", weights, str(images[0])]
+    cold_s, cold_out, rc = run(predict, cache)
+    out = {"command": "darkpy predict cfg/digits.cfg W IMAGE", "cold_s": cold_s, "cold_rc": rc,
+           "cold_says_compiling": "compil" in cold_out.lower(),
+           "cold_output_tail": cold_out[-600:]}
+    warm = [run(predict, cache)[0] for _ in range(warm_runs)]
+    out.update(warm_s=statistics.median(warm), warm_samples_s=warm)
+    out["no_kernel_commands"] = {}
+    for args in (["--help"], ["summary", "cfg/digits.cfg"], ["cfg", "check", "cfg/digits.cfg"]):
+        fresh = Path(tempfile.mkdtemp(prefix="numba-cache-", dir=opts.tmp))
+        t, _text, rc = run(args, fresh)
+        compiled = sorted(str(p.relative_to(fresh)) for p in fresh.rglob("*") if p.is_file())
+        out["no_kernel_commands"]["darkpy " + " ".join(args)] = {"s": t, "rc": rc, "compiled": len(compiled),
+                                                                 "files": compiled[:5]}
+    return out
+
+
+# -- the Darknet C reference ---------------------------------------------------------------------------------
+
+def darknet_reference(specs: list[NetSpec], opts: Options, darkpy_b1: dict[str, float]) -> dict:
+    """Batch-1 inference of each network by a user-built Darknet (`darknet speed CFG N`)."""
+    exe = os.environ.get(DARKNET_ENV)
+    if not exe:
+        return {"skipped": f"set {DARKNET_ENV}=/path/to/darknet to time the Darknet C reference"}
+    if not os.access(exe, os.X_OK):
+        return {"skipped": f"{DARKNET_ENV}={exe} is not an executable file"}
+    from darkpy.cfg import load_cfg
+
+    out = {"executable": exe, "networks": {}}
+    for spec in specs:
+        doc = load_cfg(spec.cfg)
+        for key, value in edits_for(spec, 1).items():
+            doc.set(key, value)
+        path = opts.tmp / f"{spec.name}.darknet.cfg"
+        path.write_text(doc.text())
+        # `speed` may time whole seconds only: run long enough (about 5 s at darkpy's pace)
+        tics = max(10, int(5.0 / max(darkpy_b1.get(spec.name, 0.05), 1e-3)))
+        try:
+            r = subprocess.run([exe, "speed", str(path), str(tics)], capture_output=True, text=True,
+                               timeout=600, cwd=opts.tmp, env=worker_env(opts.threads))
+        except subprocess.TimeoutExpired:
+            out["networks"][spec.name] = {"error": "timed out"}
+            continue
+        m = re.search(r"Speed:\s*([0-9.eE+-]+)\s*sec/eval", r.stdout + r.stderr)
+        if not m:
+            out["networks"][spec.name] = {"error": (r.stdout + r.stderr)[-500:]}
+            continue
+        sec = float(m.group(1))
+        out["networks"][spec.name] = {"sec_per_image": sec, "images_per_s": 1 / sec if sec > 0 else None,
+                                      "tics": tics}
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in CONTENDERS:
+        sys.exit(f"usage: python -m benchmarks.engine {{{'|'.join(CONTENDERS)}}}  (a worker; see run.py)")
+    worker_main(sys.argv[1])

@@ -1,0 +1,126 @@
+"""`python -m benchmarks.run`: the benchmark suite, darkpy against PyTorch CPU (see README.md).
+
+    python -m benchmarks.run                    # the whole suite (about 10 minutes on 2 cores)
+    python -m benchmarks.run --quick            # fewer samples, smaller training batches
+    python -m benchmarks.run cifar resnet50     # some networks of the suite
+    python -m benchmarks.run --layers cfg/x.cfg # any cfg, with a per-layer timing table per phase
+
+Writes benchmarks/results/latest.json and latest.md (git-ignored); `--publish` also writes the
+Markdown to benchmarks/RESULTS.md, the committed table the README points to.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from . import engine, report
+from .engine import ROOT, SHARED, NetSpec, Options
+
+PJ = SHARED / "cfg" / "pjreddie"
+
+#: The suite (issue #5). train_batch: the batch of the timed training step (None: inference only;
+#: the detectors' yolo loss and resnet50's training are not part of the comparison).
+SUITE = [
+    NetSpec("digits", ROOT / "cfg" / "digits.cfg", None, 32, "bundled classifier, 16x16x1, cfg batch 32"),
+    NetSpec("cifar", PJ / "cifar.cfg", None, 128, "Darknet's cifar.cfg (28x28x3 crops), cfg batch 128"),
+    NetSpec("darknet19", PJ / "darknet19.cfg", 224, 64, "224x224; training at 64 = the cfg's 128/2 subdivisions"),
+    NetSpec("yolov3-tiny", PJ / "yolov3-tiny.cfg", 416, None, "416x416, inference (heads compared)"),
+    NetSpec("resnet50", PJ / "resnet50.cfg", 224, None, "224x224, inference"),
+    NetSpec("shapes", ROOT / "cfg" / "shapes.cfg", None, None, "the bundled detector, inference", optional=True),
+]
+#: --quick: training batches small enough that the whole suite takes a few minutes.
+QUICK_TRAIN_BATCH = {"cifar": 32, "darknet19": 8}
+
+
+def pick_networks(names: list[str], quick: bool, train_batch: int | None = None) -> list[NetSpec]:
+    by_name = {s.name: s for s in SUITE}
+    chosen = []
+    for name in names or [s.name for s in SUITE]:
+        if name in by_name:
+            spec = by_name[name]
+        elif Path(name).is_file():
+            spec = NetSpec(Path(name).stem, Path(name).resolve(), None, train_batch, "given on the command line")
+        else:
+            raise SystemExit(f"{name}: not a network of the suite ({', '.join(by_name)}) nor a cfg file")
+        if not spec.cfg.is_file():
+            if spec.optional:
+                continue
+            raise SystemExit(f"{spec.name}: {spec.cfg} not found (the pjreddie cfgs live in ../shared/cfg)")
+        if quick and spec.name in QUICK_TRAIN_BATCH:
+            spec = NetSpec(spec.name, spec.cfg, spec.size, QUICK_TRAIN_BATCH[spec.name],
+                           spec.note + f" (--quick: training at {QUICK_TRAIN_BATCH[spec.name]})")
+        chosen.append(spec)
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("networks", nargs="*", help="suite names or cfg paths (default: the whole suite)")
+    ap.add_argument("--quick", action="store_true", help="few samples, small training batches")
+    ap.add_argument("--layers", action="store_true", help="per-layer timing in every phase, printed as tables")
+    ap.add_argument("--threads", type=int, default=2, help="threads for each framework (default 2)")
+    ap.add_argument("--reps", type=int, help="timed rounds per phase (default 5, --quick 2)")
+    ap.add_argument("--train-batch", type=int, help="batch of the training step for cfgs given by path")
+    ap.add_argument("--no-startup", action="store_true", help="skip the darkpy predict start-up timing")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="folder for the results")
+    ap.add_argument("--publish", action="store_true", help="also write benchmarks/RESULTS.md")
+    ap.add_argument("--keep-temp", action="store_true", help="keep the temporary folder (weights, outputs)")
+    args = ap.parse_args(argv)
+
+    specs = pick_networks(args.networks, args.quick, args.train_batch)
+    opts = Options(threads=args.threads, reps=args.reps or (2 if args.quick else 5),
+                   budget_s=15.0 if args.quick else 60.0, min_sample_s=0.1 if args.quick else 0.3,
+                   layer_tables=args.layers)
+    command = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
+    results = {"command": command.strip(), "machine": engine.machine_info(args.threads), "networks": []}
+    t_start = time.perf_counter()
+    try:
+        print(f"sgemm peak at {args.threads} threads ...", file=sys.stderr, flush=True)
+        results["sgemm"] = engine.sgemm_peak(args.threads)
+        peak = results["sgemm"].get("numpy_gflops")
+        print(f"   numpy {peak or float('nan'):.1f} GFLOP/s, torch "
+              f"{results['sgemm'].get('torch_gflops') or float('nan'):.1f} GFLOP/s "
+              f"({(results['sgemm'].get('blas') or {}).get('architecture')} kernels)", file=sys.stderr)
+        for spec in specs:
+            results["networks"].append(engine.bench_network(spec, opts))
+            if args.layers:
+                for ph in results["networks"][-1]["phases"]:
+                    if ph.get("layers"):
+                        print(report.layer_text(results["networks"][-1], ph) + "\n")
+        b1 = {}
+        for net in results["networks"]:
+            for ph in net["phases"]:
+                if ph["mode"] == "infer" and ph["batch"] == 1 and "median_s" in ph["contenders"].get("darkpy", {}):
+                    b1[net["name"]] = ph["contenders"]["darkpy"]["median_s"]
+        results["darknet"] = engine.darknet_reference(specs, opts, b1)
+        if "skipped" in results["darknet"]:
+            print(f"Darknet C reference: skipped ({results['darknet']['skipped']})", file=sys.stderr)
+        if not args.no_startup:
+            print("start-up of `darkpy predict` (cold, then warm) ...", file=sys.stderr, flush=True)
+            results["startup"] = engine.startup_bench(opts, warm_runs=1 if args.quick else 3)
+    finally:
+        if not args.keep_temp:
+            shutil.rmtree(opts.tmp, ignore_errors=True)
+        else:
+            print(f"temporary files kept in {opts.tmp}", file=sys.stderr)
+    results["machine"]["loadavg_end"] = os.getloadavg()
+    results["wall_s"] = time.perf_counter() - t_start
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "latest.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    md = report.markdown(results)
+    (args.out / "latest.md").write_text(md)
+    if args.publish:
+        (ROOT / "benchmarks" / "RESULTS.md").write_text(md)
+    print(md)
+    print(f"wrote {args.out / 'latest.json'} and latest.md ({results['wall_s']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
