@@ -90,10 +90,12 @@ class DarkpyRunner:
             self.net.forward(self.x)
 
     def check(self, out: str, all_layers: bool) -> dict:
+        t0 = time.perf_counter()
         self.net.forward(self.x)
+        took = time.perf_counter() - t0
         picks = range(len(self.net.layers)) if all_layers else self.heads
         np.savez(out, **{str(i): self.net.layers[i].output.reshape(len(self.x), -1) for i in picks})
-        reply = {"heads": self.heads}
+        reply = {"heads": self.heads, "s": took}
         if self.truth is not None:
             self.net.forward(self.x, self.truth, train=True)     # loss only: no backward, no update
             reply["loss"] = self.net.cost
@@ -114,6 +116,7 @@ class DarkpyRunner:
         for i, layer in enumerate(self.net.layers):
             layer.forward = timed(layer.forward, fwd, i)
             layer.backward = timed(layer.backward, bwd, i)
+        start = time.perf_counter()
         try:
             if self.job["mode"] == "train":
                 self.net.forward(self.x, self.truth, train=True)
@@ -125,9 +128,11 @@ class DarkpyRunner:
                 self.net.forward(self.x)
                 update = 0.0
         finally:
+            total = time.perf_counter() - start
             for layer in self.net.layers:
                 del layer.forward, layer.backward       # back to the class's methods
-        return {"fwd": fwd, "bwd": bwd if self.job["mode"] == "train" else None, "update": update}
+        return {"fwd": fwd, "bwd": bwd if self.job["mode"] == "train" else None, "update": update,
+                "s": total}
 
 
 class TorchRunner:
@@ -169,11 +174,13 @@ class TorchRunner:
         torch = self.torch
         training = self.model.training
         self.model.eval()
+        t0 = time.perf_counter()
         with torch.no_grad():
             outs = self.model(self.x, keep_all=all_layers)
+        took = time.perf_counter() - t0
         picks = range(len(outs)) if all_layers else self.model.heads
         np.savez(out, **{str(i): o.contiguous().reshape(len(self.x), -1).numpy() for i, o in zip(picks, outs)})
-        reply = {"heads": self.model.heads}
+        reply = {"heads": self.model.heads, "s": took}
         if self.labels is not None:
             self.model.train()
             with torch.no_grad():
@@ -182,9 +189,11 @@ class TorchRunner:
         return reply
 
     def layers(self) -> dict:
+        """One inference forward with every step timed (training is not timed per layer)."""
+        t0 = time.perf_counter()
         with self.torch.inference_mode():
-            fwd = self.model.forward_timed(self.x) if self.job["mode"] == "infer" else None
-        return {"fwd": fwd, "bwd": None, "update": 0.0}
+            fwd = self.model.forward_timed(self.x)
+        return {"fwd": fwd, "bwd": None, "update": 0.0, "s": time.perf_counter() - t0}
 
 
 def peak_rss_mb() -> float:
@@ -294,7 +303,6 @@ class Options:
     budget_s: float = 60.0              # per phase: fewer rounds when one round takes longer
     min_sample_s: float = 0.3           # a sample repeats the op until it lasts this long
     infer_batch: int = 64
-    layer_tables: bool = False          # per-layer timing in every phase (else only batch-64 inference)
     tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="darkpy-bench-")))
     log: object = sys.stderr
 
@@ -409,8 +417,7 @@ def compare(a_path: str, b_path: str) -> dict:
     return {"ok": worst <= 1e-3, "max_rel_err": worst, "worst_layer": worst_at, "outputs_compared": n}
 
 
-def run_phase(spec: NetSpec, prep: Prepared, mode: str, batch: int, opts: Options,
-              per_layer: bool) -> dict:
+def run_phase(spec: NetSpec, prep: Prepared, mode: str, batch: int, opts: Options) -> dict:
     name = f"{'train' if mode == 'train' else 'infer'} b{batch}"
     result: dict = {"phase": name, "mode": mode, "batch": batch, "contenders": {}}
     rng = np.random.default_rng(batch + (1000 if mode == "train" else 0))
@@ -466,20 +473,33 @@ def run_phase(spec: NetSpec, prep: Prepared, mode: str, batch: int, opts: Option
             if not c["ok"]:
                 result["contenders"][kind]["error"] = f"outputs differ from darkpy's: {c}"
                 workers.pop(kind).close()
-        # 2. warm up, size the samples, then alternate
+        # 2. warm up (the check ran every inference kernel once already), size the samples, alternate
         inner, warm = {}, {}
         for kind, w in workers.items():
-            t = w.call("run", n=1)["s"]
+            t = checks[kind][1]["s"]
+            if mode == "train" or t < 1.0:      # backward kernels not run yet, or a fast op: measure it
+                t = w.call("run", n=1)["s"]
             warm[kind] = t
             inner[kind] = max(1, int(round(opts.min_sample_s / max(t, 1e-6))))
             result["contenders"][kind].update(warmup_s=t, runs_per_sample=inner[kind])
         per_round = sum(warm[k] * inner[k] for k in workers) + PAUSE_S * len(workers)
         rounds = max(1, min(opts.reps, int(opts.budget_s // max(per_round, 1e-6))))
         samples: dict[str, list[float]] = {k: [] for k in workers}
+        table: dict[str, dict] = {}
         order = list(workers)
         for r in range(rounds):
+            last = r == rounds - 1
             for kind in order[r % len(order):] + order[:r % len(order)]:
-                samples[kind].append(workers[kind].call("run", n=inner[kind])["s"])
+                w = workers[kind]
+                if last and (kind == "darkpy" or mode == "infer"):
+                    # the last round runs instrumented (a clock read per layer: microseconds); a
+                    # sample of several ops is taken as usual, the instrumented op after it
+                    table[kind] = w.call("layers")
+                    if inner[kind] == 1:
+                        samples[kind].append(table[kind]["s"])
+                        time.sleep(PAUSE_S)
+                        continue
+                samples[kind].append(w.call("run", n=inner[kind])["s"])
                 time.sleep(PAUSE_S)
         for kind, s in samples.items():
             result["contenders"][kind].update(_summary(s, batch))
@@ -491,16 +511,16 @@ def run_phase(spec: NetSpec, prep: Prepared, mode: str, batch: int, opts: Option
             result["peer"] = peer
             result["ratio"] = (result["contenders"]["darkpy"]["images_per_s"]
                                / result["contenders"][peer]["images_per_s"])
-        # 3. per-layer times (one more op each: darkpy, and torch's faster layout)
-        if per_layer:
-            table = {"darkpy": workers["darkpy"].call("layers")}
-            if result.get("peer") and mode == "infer":
-                table["torch"] = workers[result["peer"]].call("layers")
-            result["layers"] = layer_table(prep, table, batch)
+        # 3. per-layer times: darkpy's, and those of torch's faster layout
+        if "darkpy" in table:
+            per = {"darkpy": table["darkpy"]}
+            if result.get("peer") in table:
+                per["torch"] = table[result["peer"]]
+            result["layers"] = layer_table(prep, per, batch)
             if mode == "infer":
-                result["conv_forward_gflops"] = conv_gflops(prep, table["darkpy"]["fwd"], batch)
-                if "torch" in table:
-                    result["torch_conv_forward_gflops"] = conv_gflops(prep, table["torch"]["fwd"], batch)
+                result["conv_forward_gflops"] = conv_gflops(prep, per["darkpy"]["fwd"], batch)
+                if "torch" in per:
+                    result["torch_conv_forward_gflops"] = conv_gflops(prep, per["torch"]["fwd"], batch)
         for kind, w in workers.items():
             result["contenders"][kind]["maxrss_mb"] = w.call("rss")["maxrss_mb"]
     finally:
@@ -539,9 +559,8 @@ def bench_network(spec: NetSpec, opts: Options) -> dict:
     if spec.train_batch:
         phases.append(("train", spec.train_batch))
     for mode, batch in phases:
-        per_layer = opts.layer_tables or (mode == "infer" and batch == opts.infer_batch)
         t0 = time.perf_counter()
-        r = run_phase(spec, prep, mode, batch, opts, per_layer)
+        r = run_phase(spec, prep, mode, batch, opts)
         _say(opts, f"   {r['phase']:<10} {phase_line(r)}   ({time.perf_counter() - t0:.0f} s)")
         out["phases"].append(r)
     return out
@@ -675,6 +694,7 @@ def startup_bench(opts: Options, warm_runs: int = 3) -> dict:
     cold_s, cold_out, rc = run(predict, cache)
     out = {"command": "darkpy predict cfg/digits.cfg W IMAGE", "cold_s": cold_s, "cold_rc": rc,
            "cold_says_compiling": "compil" in cold_out.lower(),
+           "cold_cache_files": sum(1 for p in cache.rglob("*.nbi")),   # proves the cold run compiled
            "cold_output_tail": cold_out[-600:]}
     warm = [run(predict, cache)[0] for _ in range(warm_runs)]
     out.update(warm_s=statistics.median(warm), warm_samples_s=warm)

@@ -96,12 +96,11 @@ def train(cfg, data, weights, clear, seed, max_batches, backup, threads, progres
     exact resume. Ctrl-C saves NAME_last.weights and exits 0.
     """
     from .progress import Progress
-    from .train import configure_threads, train as run_training
+    from .train import train as run_training
 
     if clear and weights is None:
         raise click.UsageError("--clear needs --weights (it restarts the iteration count of loaded weights)")
     settings = _settings(seed=seed, threads=threads, progress=progress)
-    configure_threads(settings.threads)
     reporter = Progress(settings.progress)
     result = run_training(cfg, data=data, weights=weights, clear=clear, seed=seed, max_batches=max_batches,
                           backup=backup, settings=settings, progress=reporter)

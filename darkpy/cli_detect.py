@@ -21,18 +21,15 @@ def register(group: click.Group) -> None:
 
 def _load_detector(cfg: str, weights: str, batch: int = 1):
     from .detect import detection_heads
-    from .errors import DarkpyError, WeightsError
+    from .errors import WeightsError
     from .network import load_network
 
     net = load_network(cfg, batch=batch)
+    detection_heads(net)
     try:
         net.load_weights(weights)
     except WeightsError as e:
         raise WeightsError(f"{e} (was it trained with another cfg, input size or number of classes?)") from None
-    try:
-        detection_heads(net)
-    except ValueError as e:
-        raise DarkpyError(f"{e}; use `darkpy predict` for a classifier") from None
     return net
 
 

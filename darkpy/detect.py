@@ -21,8 +21,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .errors import DarkpyError
 from .kernels import jit
 from .kernels.boxes import box_diou_nms, box_iou
+from .layers.yolo import letterbox_correct
 
 
 # -- candidate boxes ------------------------------------------------------------------------------------
@@ -38,15 +40,12 @@ class Boxes:
     def __len__(self) -> int:
         return len(self.boxes)
 
-    @classmethod
-    def empty(cls, classes: int) -> "Boxes":
-        return cls(np.zeros((0, 4)), np.zeros(0), np.zeros((0, classes)))
-
 
 def detection_heads(net) -> list:
+    """The net's [yolo], [region] and [detection] layers, in order; a DarkpyError if there is none."""
     heads = [layer for layer in net.layers if getattr(layer, "is_detection_head", False)]
     if not heads:
-        raise ValueError(f"{net.file}: no [yolo], [region] or [detection] layer; not a detector")
+        raise DarkpyError(f"{net.file}: no [yolo], [region] or [detection] layer, so not a detector")
     return heads
 
 
@@ -58,12 +57,11 @@ def network_boxes(net, img_w: int, img_h: int, thresh: float, b: int = 0, letter
     for layer in detection_heads(net):
         boxes, obj, probs = layer.get_detections(b, thresh, net.width, net.height)
         if layer.letterbox_boxes:
-            from .layers.yolo import letterbox_correct
             letterbox_correct(boxes, img_w, img_h, net.width, net.height, letterbox)
         parts.append((boxes, obj, probs))
     classes = max(p[2].shape[1] for p in parts)
     if any(p[2].shape[1] != classes for p in parts):
-        raise ValueError(f"{net.file}: the detection heads disagree on the number of classes")
+        raise DarkpyError(f"{net.file}: the detection heads disagree on the number of classes")
     return Boxes(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
                  np.concatenate([p[2] for p in parts]))
 

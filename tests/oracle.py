@@ -47,7 +47,7 @@ TABLE_FIELDS = ("cfg", "status", "size", "bflops", "layer_rel_err", "output_rel_
 REPOS = ("pjreddie", "alexeyab")          # upstream Darknet, AlexeyAB's fork
 
 TOLERANCE = 1e-4
-OPENCV_BN_EPS_SHIFT = 1e-5 - 1e-6   # see compare()
+OPENCV_BN_EPS_SHIFT = 1e-5 - 1e-6   # see write_opencv_weights()
 #: End to end, float32 rounding is amplified layer after layer (each layer alone agrees to ~1e-6):
 #: deep nets may differ by more than TOLERANCE at the output, but not by more than this many times
 #: the float32 rounding noise there (darkpy's or OpenCV's difference from darkpy run in float64).
@@ -180,46 +180,44 @@ def _int(sec, key: str, default: int) -> int:
     return int(float(v.value)) if v is not None else default
 
 
-def _conv_response(layer, x: np.ndarray, w: np.ndarray, rng, samples: int = 256) -> np.ndarray:
+def _conv_response(layer, x: np.ndarray, w: np.ndarray, rng, samples: int = 64) -> np.ndarray:
     """(P, n) responses of filters `w` (n, c/g, k, k) at up to `samples` random output positions of
     input `x` (c, h, w) — enough to set each filter's scale; geometry from the layer's cfg section."""
     sec = layer.section
     k = w.shape[2]
-    c, h, wd = x.shape
     _, oh, ow = layer.out_shape
     sy = _int(sec, "stride_y", _int(sec, "stride", 1))
     sx = _int(sec, "stride_x", _int(sec, "stride", 1))
     dil = _int(sec, "dilation", 1)
-    pad = k // 2 if _int(sec, "pad", 0) else _int(sec, "padding", 0)
-    pad *= dil
+    pad = (k // 2 if _int(sec, "pad", 0) else _int(sec, "padding", 0)) * dil
     groups = _int(sec, "groups", 1)
-    xp = np.pad(x.astype(np.float64), ((0, 0), (pad, pad), (pad, pad)))
-    pos = rng.integers(0, oh * ow, size=min(samples, oh * ow))
+    xp = np.pad(x, ((0, 0), (pad, pad), (pad, pad)))
+    pos = rng.choice(oh * ow, size=min(samples, oh * ow), replace=False)
     oy, ox = pos // ow, pos % ow
-    rows = (oy[:, None] * sy + np.arange(k)[None, :] * dil)        # (P, k)
-    cols = (ox[:, None] * sx + np.arange(k)[None, :] * dil)
-    patches = xp[:, rows[:, :, None], cols[:, None, :]]              # (c, P, k, k)
-    patches = patches.transpose(1, 0, 2, 3).reshape(len(pos), groups, -1)   # (P, g, c/g*k*k)
+    rows = oy[:, None] * sy + np.arange(k)[None, :] * dil                  # (P, k)
+    cols = ox[:, None] * sx + np.arange(k)[None, :] * dil
+    patches = xp[:, rows[:, :, None], cols[:, None, :]]                   # (c, P, k, k)
+    patches = patches.transpose(1, 0, 2, 3).reshape(len(pos), groups, -1).transpose(1, 0, 2)  # (g, P, K)
     n = w.shape[0]
-    wg = w.reshape(groups, n // groups, -1).astype(np.float64)       # (g, n/g, c/g*k*k)
-    return np.einsum("pgk,gnk->pgn", patches, wg).reshape(len(pos), n)
+    wg = w.reshape(groups, n // groups, -1).transpose(0, 2, 1)            # (g, K, n/g)
+    return np.matmul(patches, wg).transpose(1, 0, 2).reshape(len(pos), n).astype(np.float64)
 
 
-def _fill_normalised(layer, arrays, z_fn, n: int, rng, bn_first: bool) -> None:
+def _fill_normalised(arrays, z_fn, n: int, rng, bn_first: bool) -> None:
     """Shared by conv and connected: random weights scaled to unit RMS response, centred."""
     if bn_first:     # conv file order: biases, [scales, mean, var], weights
         biases, bn, weights = arrays[0], arrays[1:-1], arrays[-1]
     else:            # connected: biases, weights, [scales, mean, var]
         biases, weights, bn = arrays[0], arrays[1], arrays[2:]
-    w = rng.standard_normal(weights.size).reshape(n, -1)
-    z = z_fn(w.reshape((n,) + tuple(weights.shape[1:])) if weights.ndim > 2 else w)   # (P, n)
+    w = rng.standard_normal(weights.shape, dtype=np.float32).reshape(n, -1)
+    z = z_fn(w.reshape(weights.shape))                                    # (P, n) float64
     rms = np.sqrt((z ** 2).mean(axis=0))
     mean = z.mean(axis=0)
     if z.shape[0] < 4:    # too few positions for per-filter statistics: use one scale for all
         rms[:] = max(math.sqrt(float((z ** 2).mean())), 1e-12)
         mean[:] = 0.0
     rms = np.where(rms > 1e-12, rms, 1.0)
-    w /= rms[:, None]
+    w *= (1.0 / rms[:, None]).astype(np.float32)
     mean /= rms
     weights[...] = w.reshape(weights.shape)
     jitter = rng.uniform(-0.1, 0.1, n)
@@ -247,13 +245,13 @@ def _randomize_layer(layer, x: np.ndarray, rng) -> None:
         return
     kind = layer.kind
     if kind == "convolutional":
-        n = arrays[0].size
         img = x.reshape(layer.in_shape)
-        _fill_normalised(layer, arrays, lambda w: _conv_response(layer, img, w, rng), n, rng, bn_first=True)
+        _fill_normalised(arrays, lambda w: _conv_response(layer, img, w, rng), arrays[0].size, rng,
+                         bn_first=True)
     elif kind == "connected":
-        n = arrays[0].size
-        flat = x.reshape(1, -1).astype(np.float64)
-        _fill_normalised(layer, arrays, lambda w: flat @ w.T, n, rng, bn_first=False)
+        flat = x.reshape(1, -1)
+        _fill_normalised(arrays, lambda w: (flat @ w.T).astype(np.float64), arrays[0].size, rng,
+                         bn_first=False)
     else:
         raise OracleSkip(f"no random-parameter recipe for [{kind}] layers in the oracle")
 
@@ -306,6 +304,9 @@ def opencv_net(cfg: Path, weights: Path):
     net.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
     net.setPreferableTarget(cv2.dnn.DNN_TARGET_CPU)
     net.enableWinograd(False)
+    # no fusion: fused layers (conv+BN+activation, and inputs written straight into a concat's
+    # buffer) leave the outputs of the fused-away layers stale, and every layer's output is compared
+    net.enableFusion(False)
     return net
 
 
@@ -482,6 +483,20 @@ def _opencv_forward(cv, x: np.ndarray, names: list[str], limitations: dict) -> d
         raise OracleSkip(f"OpenCV fails to run it: {why}") from None
 
 
+def layer_err(layer, blob: np.ndarray, size) -> float:
+    """Relative error of a darkpy layer's output against OpenCV's blob for it. yolo/region heads are
+    decoded to OpenCV's box rows first; for region, OpenCV's importer always runs NMS (it does not
+    read nms_threshold there), which zeroes suppressed class scores: those entries are not compared."""
+    if layer.kind == "yolo":
+        return rel_err(decode_yolo(layer, *size), blob)
+    if layer.kind == "region":
+        mine = decode_region(layer)
+        ref = blob.reshape(mine.shape)
+        mine[:, 5:][ref[:, 5:] == 0] = 0
+        return rel_err(mine, ref)
+    return rel_err(layer.output, blob)
+
+
 def _layer_errors(dp, blobs: dict, index: dict, size, skip: dict, local: bool) -> dict[str, float]:
     """Relative error of every comparable layer (not in `skip`). `local`: each layer runs again after
     every earlier layer's output was replaced by OpenCV's, so each is judged on identical inputs."""
@@ -489,24 +504,43 @@ def _layer_errors(dp, blobs: dict, index: dict, size, skip: dict, local: bool) -
     s = State(input=dp.input, delta=None, truth=None, train=False, layers=dp.layers, seen=0,
               rng=np.random.default_rng(0), net=dp)
     errors: dict[str, float] = {}
-    w, h = size
     for layer in dp.layers:
         if local:
             layer.forward(s)
         blob = blobs[index[layer.index]]
         key = f"layer {layer.index} [{layer.kind}]"
-        if layer.index in skip:
-            pass
-        elif layer.kind == "yolo":
-            errors[key] = rel_err(decode_yolo(layer, w, h), blob.reshape(-1, blob.shape[-1]))
-        elif layer.kind == "region":
-            errors[key] = rel_err(decode_region(layer), blob.reshape(-1, blob.shape[-1]))
-        elif layer.kind not in _NOT_ELEMENTWISE:
-            errors[key] = rel_err(layer.output, blob)
+        if layer.index not in skip and layer.kind != "cost":
+            errors[key] = layer_err(layer, blob, size)
         if local and layer.kind not in _NOT_ELEMENTWISE and layer.output.size == blob.size:
             layer.output[...] = blob.reshape(layer.output.shape)
         s.input = layer.output
     return errors
+
+
+def write_opencv_weights(net, darkpy_file: Path, opencv_file: Path) -> None:
+    """Copy darkpy's file for OpenCV, every BN rolling variance raised by OPENCV_BN_EPS_SHIFT.
+
+    OpenCV's batch norm divides by sqrt(var + 1e-6); Darknet's (GPU, cuDNN, the fork) and darkpy's by
+    sqrt(var + 1e-5). The variances are found in the file by Darknet's layout (spec §7), computed
+    here independently of darkpy's writer: header 20 bytes, then per layer its arrays in order.
+    """
+    data = np.fromfile(darkpy_file, dtype="<f4", offset=20)
+    pos = 0
+    for layer in net.layers:
+        sizes = [a.size for a in layer.weight_arrays()]
+        var = bn_variance(layer)
+        if var is not None:
+            n = var.size
+            start = pos + (3 * n if layer.kind == "convolutional" else n + sizes[1] + 2 * n)
+            assert np.array_equal(data[start:start + n], var), f"layer {layer.index}: not Darknet's layout"
+            data[start:start + n] += np.float32(OPENCV_BN_EPS_SHIFT)
+        pos += sum(sizes)
+    assert pos == data.size, "darkpy's file is not Darknet's layout"
+    with open(darkpy_file, "rb") as f:
+        header = f.read(20)
+    with open(opencv_file, "wb") as f:
+        f.write(header)
+        f.write(data.tobytes())
 
 
 def _param_copies(net) -> list[np.ndarray]:
@@ -533,14 +567,8 @@ def compare(name: str, workdir: Path, seed: int = 0, max_bflops: float = MAX_BFL
     # OpenCV's batch norm divides by sqrt(var + 1e-6), Darknet's (GPU, cuDNN, fork) and darkpy's by
     # sqrt(var + 1e-5): OpenCV gets its own copy of the file with every rolling variance raised by the
     # difference, so both compute the same normalisation.
-    variances = [v for v in (bn_variance(layer) for layer in dp.layers) if v is not None]
-    originals = [v.copy() for v in variances]
-    for v in variances:
-        v += OPENCV_BN_EPS_SHIFT
     cv_weights_path = workdir / "oracle.opencv.weights"
-    dp.save_weights(cv_weights_path)
-    for v, o in zip(variances, originals):
-        v[...] = o
+    write_opencv_weights(dp, weights_path, cv_weights_path)
     # darkpy reads its file back into wiped parameters: every value must come back bit for bit
     kept = _param_copies(dp)
     for layer in dp.layers:
@@ -569,8 +597,10 @@ def compare(name: str, workdir: Path, seed: int = 0, max_bflops: float = MAX_BFL
             dp64 = load_network(cfg_path, weights_path, batch=1, dtype=np.float64)
         dp64.forward(x.astype(np.float64))
         dp.forward(x)
-        cv_out = blobs[index[out.index]]
-        noise = max(rel_err(dp.output, dp64.output), rel_err(cv_out, dp64.output))
+        out64 = dp64.output_layer
+        exact = (decode_yolo(out64, *prep.size) if out64.kind == "yolo" else
+                 decode_region(out64) if out64.kind == "region" else out64.output)
+        noise = max(layer_err(out, exact, prep.size), layer_err(out64, blobs[index[out.index]], prep.size))
     return Result(name, prep.size, prep.bflops, local, end_to_end, final, noise, limitations,
                   time.perf_counter() - t0)
 

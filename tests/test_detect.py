@@ -2,6 +2,7 @@
 network whose predictions are set by hand, drawing, and `evaluate_map` on a tiny dataset on disk."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -248,7 +249,6 @@ def test_detect_command_prints_draws_and_json(tmp_path):
     assert drawn.shape == (16, 16, 3) and (drawn[12, 0:9] != 0).any()
     r = CliRunner().invoke(_group(), ["detect", str(cfg), str(weights), str(image), "--data", str(data),
                                       "--out", str(out), "--json"])
-    import json
     res = json.loads(r.output)
     assert res[0]["detections"][0]["name"] == "dog" and res[0]["detections"][0]["confidence"] > 0.99
 
@@ -261,5 +261,4 @@ def test_map_command(tmp_path):
     assert r.exit_code == 0, r.output
     assert "all-point    = 0.500000" in r.output and "TP = 2, FP = 1, FN = 2" in r.output
     r = CliRunner().invoke(_group(), ["map", str(cfg), str(weights), "--data", str(data), "--json"])
-    import json
     assert json.loads(r.output)["map_all"] == pytest.approx(0.5)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import math
-import os
 from pathlib import Path
 
 import numpy as np

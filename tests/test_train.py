@@ -501,6 +501,60 @@ def test_no_max_batches_is_an_error(tmp_path):
         run(p)
 
 
+DET_CFG = """\
+[net]
+batch=4
+subdivisions=1
+width=16
+height=16
+channels=3
+learning_rate=0.001
+max_batches=3
+
+[convolutional]
+batch_normalize=1
+filters=4
+size=3
+stride=2
+pad=1
+activation=leaky
+
+[convolutional]
+filters=18
+size=1
+activation=linear
+
+[yolo]
+mask=0,1,2
+anchors=4,4,6,6,8,8
+classes=1
+num=3
+"""
+
+
+def test_detector_trains_from_box_labels(tmp_path):
+    """A [yolo] net trains on images with label files beside them; bad label lines are listed."""
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(6):
+        img = np.full((16, 16, 3), 20, np.uint8)
+        x, y = (int(v) for v in rng.integers(2, 10, 2))
+        img[y:y + 5, x:x + 5] = 230
+        p = tmp_path / f"im{i}.png"
+        Image.fromarray(img).save(p)
+        boxes = f"0 {(x + 2.5) / 16} {(y + 2.5) / 16} {5 / 16} {5 / 16}\n" + ("7 .5 .5 .1 .1\n" if i == 0 else "")
+        p.with_suffix(".txt").write_text(boxes)
+        paths.append(str(p))
+    (tmp_path / "train.list").write_text("\n".join(paths) + "\n")
+    (tmp_path / "det.data").write_text(f"classes=1\ntrain={tmp_path / 'train.list'}\nbackup={tmp_path / 'bk'}\n")
+    (tmp_path / "det.cfg").write_text(DET_CFG)
+    r = T.train(tmp_path / "det.cfg", data=tmp_path / "det.data", settings=Settings(), evaluate=False)
+    assert r.iteration == 3 and r.accuracy is None
+    assert all(math.isfinite(x.loss) and x.loss > 0 for x in r.records)
+    assert load_network(tmp_path / "det.cfg", weights=r.weights).seen == 12
+    assert "class 7 out of range" in (tmp_path / "bk" / "bad_label.list").read_text()
+
+
 # -- validation and prediction -------------------------------------------------------------------------
 
 def test_validate_and_predict_agree_with_a_manual_forward(proj):
@@ -568,3 +622,17 @@ def test_kernels_need_compiling_sees_an_empty_cache(proj, monkeypatch, tmp_path)
 def test_cfg_base_follows_darknet():
     assert T.cfg_base("cfg/yolov3-tiny.cfg") == "yolov3-tiny"
     assert T.cfg_base("a/b/x.1.cfg") == "x"
+
+
+def test_configure_threads_sets_numba_threads_and_passive_openmp(monkeypatch):
+    import numba
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    before = numba.get_num_threads()
+    try:
+        assert T.configure_threads(1) == 1 and numba.get_num_threads() == 1
+        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+        assert T.configure_threads(0) == numba.config.NUMBA_NUM_THREADS
+        assert T.configure_threads(10_000) == numba.config.NUMBA_NUM_THREADS
+    finally:
+        numba.set_num_threads(before)

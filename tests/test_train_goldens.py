@@ -92,7 +92,8 @@ def test_iteration_one(name, tmp_path):
     for sub, rows in enumerate(g.sub_batches(1)):
         net.forward(g.x[rows], g.y[rows], train=True)
         for i, layer in enumerate(net.layers):
-            close(layer.output, g.grad(f"sub{sub}_layer_{i:03d}.output.f32"), f"sub{sub} layer {i} output", 1e-5)
+            close(layer.output, g.grad(f"sub{sub}_layer_{i:03d}.output.f32"), f"sub{sub} layer {i} output",
+                  1e-5)
             if getattr(layer, "bn", None) is not None:
                 close(layer.bn.mean, g.grad(f"sub{sub}_layer_{i:03d}.bn_mean.f32"), f"layer {i} mean", 1e-5)
                 close(layer.bn.variance, g.grad(f"sub{sub}_layer_{i:03d}.bn_variance.f32"),

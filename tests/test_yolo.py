@@ -65,19 +65,25 @@ def test_golden_yolo_whole_network():
 # -- training reference -------------------------------------------------------------------------------
 
 def yolo_reference(z, truth, *, mask, classes=CLASSES, lw=LW, lh=LH, net=NET, ignore=0.5, truth_thresh=1.0,
-                   iou_norm=1.0, obj_norm=1.0, cls_norm=1.0, sxy=1.0, eps=0.0, iou_thresh=1.0, max_boxes=8):
+                   iou_norm=1.0, obj_norm=1.0, cls_norm=1.0, sxy=1.0, eps=0.0, iou_thresh=1.0, max_boxes=8,
+                   new_coords=False):
     """Darknet's yolo training forward, slowly. Returns (act, T, W): delta = W·(T - act) elementwise."""
     B, n, E = z.shape[0], len(mask), 5 + classes
     z = z.reshape(B, n, E, lh, lw)
-    act = sigmoid(z)
+    act = z.copy() if new_coords else sigmoid(z)
     act[:, :, :2] = act[:, :, :2] * sxy - (sxy - 1) / 2
     act[:, :, 2:4] = z[:, :, 2:4]
     T, W = np.zeros_like(z), np.zeros_like(z)
 
+    def size(t, anchor):        # the w (or h) target, and the predicted size of a raw output
+        return math.sqrt(t * net / (4 * anchor)) if new_coords else math.log(t * net / anchor)
+
+    def pred_size(v, anchor):
+        return (4 * v * v if new_coords else math.exp(v)) * anchor / net
+
     def set_box(b, a, j, i, t, anchor):
         W[b, a, :4, j, i] = (2 - t[2] * t[3]) * iou_norm
-        T[b, a, :4, j, i] = (t[0] * lw - i, t[1] * lh - j, math.log(t[2] * net / anchor[0]),
-                             math.log(t[3] * net / anchor[1]))
+        T[b, a, :4, j, i] = (t[0] * lw - i, t[1] * lh - j, size(t[2], anchor[0]), size(t[3], anchor[1]))
 
     def set_class(b, a, j, i, c):
         on, off = 1 - eps / 2, eps / 2
@@ -94,7 +100,7 @@ def yolo_reference(z, truth, *, mask, classes=CLASSES, lw=LW, lh=LH, net=NET, ig
                 for a in range(n):
                     aw, ah = ANCHORS[mask[a]]
                     pred = ((i + act[b, a, 0, j, i]) / lw, (j + act[b, a, 1, j, i]) / lh,
-                            math.exp(z[b, a, 2, j, i]) * aw / net, math.exp(z[b, a, 3, j, i]) * ah / net)
+                            pred_size(z[b, a, 2, j, i], aw), pred_size(z[b, a, 3, j, i], ah))
                     ious = [ref_iou(pred, t[:4]) for t in boxes]
                     best = max(ious, default=0.0)
                     T[b, a, 4, j, i], W[b, a, 4, j, i] = 0.0, obj_norm
@@ -191,6 +197,24 @@ def test_training_delta_matches_reference_and_gradient(case):
     zz = z.copy()
     num = numerical_grad(lambda: yolo_loss(zz, T, W, sxy), zz)
     assert_close(layer.delta.reshape(act.shape), -num, 1e-5, 1e-7, "delta vs -dL/dz")
+
+
+def test_new_coords_forward_decode_and_delta():
+    """new_coords=1 (scaled-YOLOv4): no activation in the layer, sizes (2·out)²·anchor, sqrt targets."""
+    mask = [0, 1, 2]
+    z, truth = make_case(mask)
+    z = sigmoid(z)                                    # what the logistic conv before the head outputs
+    z[0, 0, :4, 2, 2] = (0.3, 0.4, 0.45, 0.5)         # the slot that overlaps the big truth
+    layer, _ = _run_head(yolo_cfg("0,1,2", "new_coords=1\nscale_x_y=2"), z, truth)
+    act, T, W = yolo_reference(z, truth, mask=mask, sxy=2.0, new_coords=True)
+    assert_close(layer.output.reshape(act.shape), act, 1e-12, 1e-12, "activations")
+    assert_close(layer.delta.reshape(act.shape), W * (T - act), 1e-9, 1e-12, "delta vs reference")
+    boxes, obj, _ = layer.get_detections(0, -1.0, NET, NET)
+    k = (2 * LW + 2) * 3                               # cell (row 2, col 2), anchor 0, cell-major order
+    aw, ah = ANCHORS[0]
+    expected = ((2 + act[0, 0, 0, 2, 2]) / LW, (2 + act[0, 0, 1, 2, 2]) / LH, 4 * 0.45 ** 2 * aw / NET,
+                4 * 0.5 ** 2 * ah / NET)
+    assert boxes[k] == pytest.approx(expected) and obj[k] == pytest.approx(z[0, 0, 4, 2, 2])
 
 
 def test_reference_case_exercises_the_rules():

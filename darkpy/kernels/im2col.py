@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from . import pjit
+from . import jit, pjit
 
 _WORKSPACES: dict[np.dtype, np.ndarray] = {}
 
@@ -58,7 +58,8 @@ def get(shape: tuple, dtype) -> np.ndarray:
 @pjit
 def im2col(col, x, k, stride_y, stride_x, pad, dilation, out_h, out_w):
     """col: (nb, c·k·k, out_h·out_w) output; x: (nb, c, h, w) input images.
-    Row r = (ci·k + ky)·k + kx of col[b] holds x[b, ci, oy·sy − pad + ky·d, ox·sx − pad + kx·d]."""
+    Row r = (ci·k + ky)·k + kx of col[b] holds x[b, ci, oy·sy − pad + ky·d, ox·sx − pad + kx·d]
+    (zero outside the image)."""
     nb, c, h, w = x.shape
     rows = c * k * k
     for br in prange(nb * rows):
@@ -82,6 +83,15 @@ def im2col(col, x, k, stride_y, stride_x, pad, dilation, out_h, out_w):
                     col[b, r, base + ox] = 0
 
 
+@jit
+def _valid_range(off, stride, size, out):
+    """The output positions o in [lo, hi) whose input index o·stride + off lies in [0, size)."""
+    lo = 0 if off >= 0 else (-off + stride - 1) // stride
+    hi = (size - off + stride - 1) // stride if size > off else 0
+    hi = min(hi, out)
+    return min(lo, hi), hi
+
+
 @pjit
 def col2im_add(x, col, k, stride_y, stride_x, pad, dilation, out_h, out_w):
     """x: (nb, c, h, w) delta, ADDED to; col: (nb, c·k·k, out_h·out_w). The adjoint of `im2col`.
@@ -93,15 +103,15 @@ def col2im_add(x, col, k, stride_y, stride_x, pad, dilation, out_h, out_w):
         for ky in range(k):
             for kx in range(k):
                 r = (ci * k + ky) * k + kx
+                xoff = kx * dilation - pad
+                lo, hi = _valid_range(xoff, stride_x, w, out_w)
                 for oy in range(out_h):
                     iy = oy * stride_y - pad + ky * dilation
                     if iy < 0 or iy >= h:
                         continue
                     base = oy * out_w
-                    for ox in range(out_w):
-                        ix = ox * stride_x - pad + kx * dilation
-                        if ix >= 0 and ix < w:
-                            x[b, ci, iy, ix] += col[b, r, base + ox]
+                    for ox in range(lo, hi):
+                        x[b, ci, iy, ox * stride_x + xoff] += col[b, r, base + ox]
 
 
 @pjit
