@@ -277,5 +277,13 @@ def cfg_convert(src, dst, force):
     click.echo(f"wrote {dst}")
 
 
+def _register_extensions() -> None:
+    """Commands that live in their own modules: `detect` and `map` (darkpy/cli_detect.py)."""
+    from .cli_detect import register
+    register(main)
+
+
+_register_extensions()
+
 if __name__ == "__main__":  # pragma: no cover
     main()

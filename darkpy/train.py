@@ -186,12 +186,7 @@ def save_checkpoint(net, path: str, meta: dict) -> None:
 def configure_threads(threads: int) -> int:
     """Set numba's thread count (0 = all cores), and BLAS's when threadpoolctl is installed.
 
-    Also asks OpenMP to let idle workers sleep instead of spinning (`OMP_WAIT_POLICY=PASSIVE`,
-    unless the environment already sets it): the kernels start many short parallel loops, and
-    spinning workers starve the loader thread and every other process on a small machine (measured
-    on 2 busy cores: 60 digits iterations 25.7 s spinning, 3.5 s passive). It must be set before the
-    first parallel kernel runs, which is why the CLI calls this first."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    (OpenMP's wait policy is set to PASSIVE when darkpy.kernels is imported; see there.)"""
     import numba
 
     n = numba.config.NUMBA_NUM_THREADS if threads <= 0 else min(threads, numba.config.NUMBA_NUM_THREADS)
@@ -696,7 +691,8 @@ def validate(cfg, weights, data=None, settings: Settings | None = None) -> Valid
     dc = load_data_config(data_path)
     net = _load_for_inference(cfg, weights)
     if is_detector(net):
-        raise DarkpyError(f"{cfg}: `valid` measures classifier accuracy; this network is a detector")
+        raise DarkpyError(f"{cfg}: `valid` measures classifier accuracy; this network is a detector: "
+                          f"use `darkpy map`")
     check_classes(net, dc)
     return evaluate_classifier(net, dc, read_image_list(dc.valid, "valid", data_path))
 
@@ -728,7 +724,8 @@ def predict(cfg, weights, images: Sequence[str], data=None, top: int | None = No
 
     net = _load_for_inference(cfg, weights)
     if is_detector(net):
-        raise DarkpyError(f"{cfg}: `predict` shows classifier labels; this network is a detector")
+        raise DarkpyError(f"{cfg}: `predict` shows classifier labels; this network is a detector: "
+                          f"use `darkpy detect`")
     names = None
     k = top
     data_path = Path(data) if data is not None else find_data_file(cfg)
