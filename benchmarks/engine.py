@@ -81,6 +81,23 @@ class DarkpyRunner:
         self.heads = sorted({self.net.output_layer.index}
                             | {l.index for l in self.net.layers if l.kind == "yolo"})
 
+    def buffers(self) -> dict:
+        """darkpy's allocated buffers by role, in MB (allocated, not necessarily touched: np.zeros
+        pages count toward RSS only once written)."""
+        out = {"output": 0, "delta": 0, "other": 0}
+        for layer in self.net.layers:
+            out["output"] += layer.output.nbytes
+            out["delta"] += layer.delta.nbytes
+            extra = getattr(layer, "extra_buffers", None)
+            out["other"] += sum(a.nbytes for a in extra()) if extra else 0
+            out["other"] += sum(p.value.nbytes + p.grad.nbytes for p in layer.params)
+        try:
+            from darkpy.kernels import im2col
+            out["workspace"] = sum(ws.nbytes for ws in getattr(im2col, "_WORKSPACES", {}).values())
+        except ImportError:
+            pass
+        return {k: v / 2 ** 20 for k, v in out.items()}
+
     def op(self) -> None:
         if self.job["mode"] == "train":
             self.net.forward(self.x, self.truth, train=True)
@@ -232,6 +249,8 @@ def worker_main(kind: str) -> None:
                 reply = {"s": (time.perf_counter() - t0) / msg["n"]}
             elif op == "rss":
                 reply = {"maxrss_mb": peak_rss_mb()}
+                if hasattr(runner, "buffers"):
+                    reply["darkpy_buffers_mb"] = runner.buffers()
             else:
                 reply = getattr(runner, op)(**msg)
         except Exception:
@@ -366,7 +385,7 @@ def prepare(spec: NetSpec, opts: Options) -> Prepared:
     from darkpy.network import build_layers
     from darkpy.weights import save_weights
 
-    from .torch_model import Unsupported, layer_spec
+    from .torch_model import TorchNet, Unsupported, layer_spec
 
     doc = load_cfg(spec.cfg)
     for key, value in edits_for(spec, 1).items():
@@ -380,8 +399,10 @@ def prepare(spec: NetSpec, opts: Options) -> Prepared:
     save_weights(SimpleNamespace(layers=layers, seen=0), weights)
     spec_path, unsupported = f"{base}.torch.pkl", None
     try:
+        specs = [layer_spec(l) for l in layers]
+        TorchNet(specs)                 # every layer translates (else say why, and time darkpy alone)
         with open(spec_path, "wb") as f:
-            pickle.dump([layer_spec(l) for l in layers], f)
+            pickle.dump(specs, f)
     except Unsupported as e:
         spec_path, unsupported = None, str(e)
     out = max((l for l in layers if l.kind != "cost"), key=lambda l: l.index)
@@ -418,115 +439,158 @@ def compare(a_path: str, b_path: str) -> dict:
 
 
 def run_phase(spec: NetSpec, prep: Prepared, mode: str, batch: int, opts: Options) -> dict:
-    name = f"{'train' if mode == 'train' else 'infer'} b{batch}"
-    result: dict = {"phase": name, "mode": mode, "batch": batch, "contenders": {}}
-    rng = np.random.default_rng(batch + (1000 if mode == "train" else 0))
-    inp = opts.tmp / f"{spec.name}.{mode}{batch}.x.npy"
-    np.save(inp, rng.random((batch, *prep.input_shape), dtype=np.float32))
-    labels = None
-    if mode == "train":
-        labels = opts.tmp / f"{spec.name}.{mode}{batch}.y.npy"
-        np.save(labels, rng.integers(0, prep.classes, batch))
-    job = {"cfg": str(spec.cfg), "edits": edits_for(spec, batch), "weights": prep.weights, "spec": prep.spec,
-           "batch": batch, "mode": mode, "threads": opts.threads, "input": str(inp),
-           "labels": str(labels) if labels else None, "rate": TRAIN_RATE, "momentum": prep.momentum,
-           "decay": prep.decay}
-    kinds = [k for k in CONTENDERS if k == "darkpy" or prep.spec]
-    if not prep.spec:
-        result["torch_skipped"] = prep.unsupported
-    workers: dict[str, Worker] = {}
+    """One (network, mode, batch): start the contenders, check their outputs agree, time them."""
+    phase = Phase(spec, prep, mode, batch, opts)
     try:
-        for kind in kinds:                       # one at a time: set-up is not timed, but it computes
-            w = Worker(kind, opts.threads)
-            workers[kind] = w
-            try:
-                result["contenders"][kind] = {"setup_s": w.call("setup", **job)["setup_s"]}
-            except WorkerError as e:
-                result["contenders"][kind] = {"error": str(e)}
-                w.close()
-                del workers[kind]
-        if "darkpy" not in workers:
-            return result
-        # 1. outputs agree first (all layers at batch 1 inference, the heads otherwise)
-        all_layers = mode == "infer" and batch == 1
-        checks = {}
-        for kind, w in list(workers.items()):
-            path = str(opts.tmp / f"{spec.name}.{name.replace(' ', '')}.{kind}.npz")
-            try:
-                checks[kind] = (path, w.call("check", out=path, all_layers=all_layers))
-            except WorkerError as e:
-                result["contenders"][kind]["error"] = str(e)
-                w.close()
-                del workers[kind]
-        result["checks"] = {}
-        for kind in [k for k in checks if k != "darkpy"]:
-            c = compare(checks["darkpy"][0], checks[kind][0])
-            loss_d, loss_t = checks["darkpy"][1].get("loss"), checks[kind][1].get("loss")
+        phase.start()
+        for step in (phase.check, phase.time, phase.finish):
+            if "darkpy" not in phase.workers:       # darkpy failed: nothing to compare against
+                break
+            step()
+    finally:
+        for w in phase.workers.values():
+            w.close()
+    return phase.result
+
+
+class Phase:
+    """The steps of `run_phase`. A contender that fails (or disagrees with darkpy) is dropped with
+    its error recorded; the others go on."""
+
+    def __init__(self, spec: NetSpec, prep: Prepared, mode: str, batch: int, opts: Options):
+        self.spec, self.prep, self.mode, self.batch, self.opts = spec, prep, mode, batch, opts
+        self.name = f"{mode} b{batch}"
+        self.result: dict = {"phase": self.name, "mode": mode, "batch": batch, "contenders": {}}
+        self.workers: dict[str, Worker] = {}
+        self.checks: dict[str, tuple[str, dict]] = {}
+
+    def _drop(self, kind: str, error: str) -> None:
+        self.result["contenders"].setdefault(kind, {})["error"] = error
+        w = self.workers.pop(kind, None)
+        if w is not None:
+            w.close()
+
+    def _ask(self, kind: str, op: str, **args) -> dict | None:
+        try:
+            return self.workers[kind].call(op, **args)
+        except WorkerError as e:
+            self._drop(kind, str(e))
+            return None
+
+    def start(self) -> None:
+        """Write the input (and labels), start each contender in turn (set-up computes, untimed)."""
+        spec, prep, batch, tmp = self.spec, self.prep, self.batch, self.opts.tmp
+        rng = np.random.default_rng(batch + (1000 if self.mode == "train" else 0))
+        stem = f"{spec.name}.{self.mode}{batch}"
+        inp = tmp / f"{stem}.x.npy"
+        np.save(inp, rng.random((batch, *prep.input_shape), dtype=np.float32))
+        labels = None
+        if self.mode == "train":
+            labels = tmp / f"{stem}.y.npy"
+            np.save(labels, rng.integers(0, prep.classes, batch))
+        job = {"cfg": str(spec.cfg), "edits": edits_for(spec, batch), "weights": prep.weights,
+               "spec": prep.spec, "batch": batch, "mode": self.mode, "threads": self.opts.threads,
+               "input": str(inp), "labels": str(labels) if labels else None, "rate": TRAIN_RATE,
+               "momentum": prep.momentum, "decay": prep.decay}
+        if not prep.spec:
+            self.result["torch_skipped"] = prep.unsupported
+        for kind in [k for k in CONTENDERS if k == "darkpy" or prep.spec]:
+            self.workers[kind] = Worker(kind, self.opts.threads)
+            reply = self._ask(kind, "setup", **job)
+            if reply:
+                self.result["contenders"][kind] = {"setup_s": reply["setup_s"]}
+
+    def check(self) -> None:
+        """Outputs agree first: every layer at batch-1 inference, the heads otherwise, and the
+        training loss (when no dropout makes it random). A torch contender that disagrees is dropped."""
+        all_layers = self.mode == "infer" and self.batch == 1
+        for kind in list(self.workers):
+            path = str(self.opts.tmp / f"{self.spec.name}.{self.mode}{self.batch}.{kind}.npz")
+            reply = self._ask(kind, "check", out=path, all_layers=all_layers)
+            if reply:
+                self.checks[kind] = (path, reply)
+        if "darkpy" not in self.checks:
+            return
+        self.result["checks"] = {}
+        has_dropout = any(r[1] == "dropout" for r in self.prep.layer_rows)
+        for kind in [k for k in self.checks if k != "darkpy"]:
+            c = compare(self.checks["darkpy"][0], self.checks[kind][0])
+            loss_d, loss_t = self.checks["darkpy"][1].get("loss"), self.checks[kind][1].get("loss")
             if loss_d is not None and loss_t is not None:
-                has_dropout = any(r[1] == "dropout" for r in prep.layer_rows)
-                c["train_loss"] = {"darkpy": loss_d, "torch": loss_t,
-                                   "compared": not has_dropout}
+                c["train_loss"] = {"darkpy": loss_d, "torch": loss_t, "compared": not has_dropout}
                 if not has_dropout and abs(loss_d - loss_t) > 1e-2 * max(abs(loss_d), 1.0):
-                    c["ok"] = False
-                    c["why"] = f"training loss darkpy {loss_d:.6g}, torch {loss_t:.6g}"
-            result["checks"][kind] = c
+                    c.update(ok=False, why=f"training loss darkpy {loss_d:.6g}, torch {loss_t:.6g}")
+            self.result["checks"][kind] = c
             if not c["ok"]:
-                result["contenders"][kind]["error"] = f"outputs differ from darkpy's: {c}"
-                workers.pop(kind).close()
-        # 2. warm up (the check ran every inference kernel once already), size the samples, alternate
+                self._drop(kind, f"outputs differ from darkpy's: {c}")
+
+    def time(self) -> None:
+        """Warm up (the check already ran every inference kernel once), size the samples so each
+        lasts >= min_sample_s, then alternate rounds; the last round runs instrumented per layer (a
+        clock read per layer: microseconds)."""
         inner, warm = {}, {}
-        for kind, w in workers.items():
-            t = checks[kind][1]["s"]
-            if mode == "train" or t < 1.0:      # backward kernels not run yet, or a fast op: measure it
-                t = w.call("run", n=1)["s"]
+        for kind in list(self.workers):
+            t = self.checks[kind][1]["s"]
+            if self.mode == "train" or t < 1.0:     # backward not run yet, or a fast op: measure
+                reply = self._ask(kind, "run", n=1)
+                if reply is None:
+                    continue
+                t = reply["s"]
             warm[kind] = t
-            inner[kind] = max(1, int(round(opts.min_sample_s / max(t, 1e-6))))
-            result["contenders"][kind].update(warmup_s=t, runs_per_sample=inner[kind])
-        per_round = sum(warm[k] * inner[k] for k in workers) + PAUSE_S * len(workers)
-        rounds = max(1, min(opts.reps, int(opts.budget_s // max(per_round, 1e-6))))
-        samples: dict[str, list[float]] = {k: [] for k in workers}
-        table: dict[str, dict] = {}
-        order = list(workers)
+            inner[kind] = max(1, int(round(self.opts.min_sample_s / max(t, 1e-6))))
+            self.result["contenders"][kind].update(warmup_s=t, runs_per_sample=inner[kind])
+        per_round = sum(warm[k] * inner[k] for k in self.workers) + PAUSE_S * len(self.workers)
+        rounds = max(1, min(self.opts.reps, int(self.opts.budget_s // max(per_round, 1e-6))))
+        self.samples: dict[str, list[float]] = {k: [] for k in self.workers}
+        self.tables: dict[str, dict] = {}
+        order = list(self.workers)
         for r in range(rounds):
             last = r == rounds - 1
             for kind in order[r % len(order):] + order[:r % len(order)]:
-                w = workers[kind]
-                if last and (kind == "darkpy" or mode == "infer"):
-                    # the last round runs instrumented (a clock read per layer: microseconds); a
-                    # sample of several ops is taken as usual, the instrumented op after it
-                    table[kind] = w.call("layers")
-                    if inner[kind] == 1:
-                        samples[kind].append(table[kind]["s"])
+                if kind not in self.workers:
+                    continue
+                if last and (kind == "darkpy" or self.mode == "infer"):
+                    table = self._ask(kind, "layers")
+                    if table is None:
+                        continue
+                    self.tables[kind] = table
+                    if inner[kind] == 1:            # the instrumented op is this round's sample
+                        self.samples[kind].append(table["s"])
                         time.sleep(PAUSE_S)
                         continue
-                samples[kind].append(w.call("run", n=inner[kind])["s"])
+                reply = self._ask(kind, "run", n=inner[kind])
+                if reply is not None:
+                    self.samples[kind].append(reply["s"])
                 time.sleep(PAUSE_S)
-        for kind, s in samples.items():
-            result["contenders"][kind].update(_summary(s, batch))
-            fwd_flops = prep.flops * batch * (3 if mode == "train" else 1)
-            result["contenders"][kind]["gflops"] = fwd_flops / statistics.median(s) / 1e9
-        torch_kinds = [k for k in samples if k != "darkpy"]
-        if torch_kinds and "darkpy" in samples:
+
+    def finish(self) -> None:
+        """Medians, the peer and the ratio, per-layer tables, GFLOP/s and peak memory."""
+        result, prep, batch = self.result, self.prep, self.batch
+        flops = prep.flops * batch * (3 if self.mode == "train" else 1)
+        timed = [k for k in self.workers if self.samples.get(k)]
+        for kind in timed:
+            c = result["contenders"][kind]
+            c.update(_summary(self.samples[kind], batch))
+            c["gflops"] = flops / c["median_s"] / 1e9
+        torch_kinds = [k for k in timed if k != "darkpy"]
+        if torch_kinds and "darkpy" in timed:
             peer = min(torch_kinds, key=lambda k: result["contenders"][k]["median_s"])
             result["peer"] = peer
             result["ratio"] = (result["contenders"]["darkpy"]["images_per_s"]
                                / result["contenders"][peer]["images_per_s"])
-        # 3. per-layer times: darkpy's, and those of torch's faster layout
-        if "darkpy" in table:
-            per = {"darkpy": table["darkpy"]}
-            if result.get("peer") in table:
-                per["torch"] = table[result["peer"]]
+        if "darkpy" in self.tables:
+            per = {"darkpy": self.tables["darkpy"]}
+            if result.get("peer") in self.tables:
+                per["torch"] = self.tables[result["peer"]]
             result["layers"] = layer_table(prep, per, batch)
-            if mode == "infer":
+            if self.mode == "infer":
                 result["conv_forward_gflops"] = conv_gflops(prep, per["darkpy"]["fwd"], batch)
                 if "torch" in per:
                     result["torch_conv_forward_gflops"] = conv_gflops(prep, per["torch"]["fwd"], batch)
-        for kind, w in workers.items():
-            result["contenders"][kind]["maxrss_mb"] = w.call("rss")["maxrss_mb"]
-    finally:
-        for w in workers.values():
-            w.close()
-    return result
+        for kind in list(self.workers):
+            reply = self._ask(kind, "rss")
+            if reply:
+                result["contenders"][kind].update(reply)
 
 
 def layer_table(prep: Prepared, table: dict, batch: int) -> list[dict]:
@@ -570,11 +634,14 @@ def phase_line(r: dict) -> str:
     parts = []
     for kind, c in r["contenders"].items():
         if "error" in c:
-            parts.append(f"{kind}: ERROR")
+            last = [line for line in c["error"].strip().splitlines() if line.strip()][-1]
+            parts.append(f"{kind}: ERROR ({last.strip()[:160]})")
         elif "images_per_s" in c:
             parts.append(f"{kind} {c['images_per_s']:.1f} img/s")
     if "ratio" in r:
         parts.append(f"ratio {r['ratio']:.2f}x vs {r['peer']}")
+    if r.get("torch_skipped"):
+        parts.append(f"torch not run: {r['torch_skipped']}")
     return ", ".join(parts)
 
 

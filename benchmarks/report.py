@@ -166,6 +166,9 @@ def targets(results: dict) -> list[str]:
             if "maxrss_mb" in d and "maxrss_mb" in t:
                 ok = d["maxrss_mb"] <= t["maxrss_mb"]
                 extra = "" if ok else f", {100 * (d['maxrss_mb'] / t['maxrss_mb'] - 1):.0f} % over"
+                if not ok and d.get("darkpy_buffers_mb"):
+                    extra += " (darkpy allocates " + ", ".join(
+                        f"{k} {v:.0f}" for k, v in d["darkpy_buffers_mb"].items()) + " MB)"
                 mark(ok, f"{net['name']} {ph['phase']} peak RSS {d['maxrss_mb']:.0f} MB vs PyTorch "
                      f"{t['maxrss_mb']:.0f} MB{extra}")
     s = results.get("startup") or {}

@@ -13,7 +13,8 @@ shared. What "the same semantics" means, layer by layer (spec §2, §5):
   sides a window reaches, or torch's own padding when that is symmetric.
 - avgpool: global mean. dropout: inverted dropout (identity at inference). softmax: over `groups`
   contiguous chunks of the flat input, of x/temperature. route: concatenation (AlexeyAB's
-  groups/group_id take one channel chunk). shortcut: alpha·prev + beta·from, then the activation.
+  groups/group_id take one channel chunk). shortcut: alpha·prev + beta·from over Darknet's overlap
+  (the first min(c, c2) channels, a resampled `from`), then the activation.
   upsample: nearest neighbour × stride, times scale. yolo: the head's activations (logistic on x, y,
   objectness and classes, identity on w, h; `scale_x_y`, `new_coords`).
 
@@ -236,19 +237,36 @@ class Route(Step):
 
 
 class Shortcut(Step):
+    """out = prev, with alpha·prev + beta·from over the overlap (Darknet's: the first min(c, c2)
+    channels; a larger `from` sampled every stride-th pixel, a smaller one added at every sample-th),
+    then the activation. Outside the overlap prev stays unscaled."""
+
     def __init__(self, d):
         super().__init__(d)
-        for shape in d["source_shapes"]:
-            if shape != self.out_shape:
-                raise Unsupported(f"shortcut {self.index}: from-layer shape {shape} differs from "
-                                  f"{self.out_shape} (resampling is not translated)")
         self.alpha, self.beta = d["alpha"], d["beta"]
+        self.maps = [tuple(m) for m in d["maps"]]
+        c, h, w = self.out_shape if len(self.out_shape) == 3 else (self.out_shape[0], 1, 1)
+        self.full = [m == (1, 1, c, h, w) and tuple(shape) == tuple(self.out_shape)
+                     for m, shape in zip(self.maps, d["source_shapes"])]
         self.act = _act(d["activation"])
 
     def forward(self, x, saved):
-        y = x if self.alpha == 1 else self.alpha * x
-        for i in self.refs:
-            y = y + saved[i] if self.beta == 1 else y + self.beta * saved[i]
+        y = x
+        for i, (stride, sample, minc, minh, minw), full in zip(self.refs, self.maps, self.full):
+            src = saved[i]
+            if full:
+                y = y if self.alpha == 1 else self.alpha * y
+                y = y + src if self.beta == 1 else y + self.beta * src
+                continue
+            if y is x:
+                y = x.clone()
+            y4 = y if y.dim() == 4 else y.reshape(y.shape[0], -1, 1, 1)
+            s4 = src if src.dim() == 4 else src.reshape(src.shape[0], -1, 1, 1)
+            part = y4[:, :minc, ::sample, ::sample][:, :, :minh, :minw]
+            add = s4[:, :minc, ::stride, ::stride][:, :, :minh, :minw]
+            if self.alpha != 1:
+                part.mul_(self.alpha)
+            part.add_(add if self.beta == 1 else self.beta * add)
         return self.act(y)
 
 
@@ -316,7 +334,7 @@ _ATTRS = {
     "dropout": ("probability",),
     "softmax": ("groups", "temperature"),
     "route": ("groups", "group_id"),
-    "shortcut": ("alpha", "beta", "activation"),
+    "shortcut": ("alpha", "beta", "activation", "maps"),
     "upsample": ("stride", "scale"),
     "yolo": ("n", "entries", "scale_x_y", "new_coords"),
     "activation": ("activation",),

@@ -458,8 +458,8 @@ def parse_yaml(text: str, file: str = "<yaml>") -> CfgDocument:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        raise CfgError(f"invalid YAML ({getattr(e, 'problem', None) or e})", file,
-                       mark.line + 1 if mark else None) from None
+        why = " ".join(str(getattr(e, "problem", None) or e).split())   # one line, always
+        raise CfgError(f"invalid YAML ({why})", file, mark.line + 1 if mark else None) from None
     if root is None or not isinstance(root, yaml.SequenceNode):
         raise CfgError("a YAML network is a list of sections, e.g. '- net: {batch: 1}'", file,
                        root.start_mark.line + 1 if root is not None else None)

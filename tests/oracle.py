@@ -125,6 +125,30 @@ def _explicit_defaults(doc) -> None:
             doc.set(f"{i}.nms_threshold", "0")
 
 
+def network_key(name: str) -> tuple:
+    """Equal keys = the same network for the oracle: the same layer sections and options, and the
+    same input (or both large enough to be reduced to the same size)."""
+    from darkpy.cfg import parse_cfg
+    doc = parse_cfg(darknet_text(SHARED / "cfg" / name), name)
+    net = doc.net.as_dict()
+    w, h = int(net.get("width", 0)), int(net.get("height", 0))
+    size = (w, h) if max(w, h) <= KEEP_OWN_SIZE_UP_TO else "reduced"
+    return (size, net.get("channels"), net.get("inputs"),
+            tuple((s.kind, tuple(sorted(s.as_dict().items()))) for s in doc.layers))
+
+
+@contextlib.contextmanager
+def _no_random_init():
+    """darkpy's random initialisation is wasted work here: every parameter is overwritten."""
+    import darkpy.network as network
+    saved = network.init_weights
+    network.init_weights = lambda net, rng: None
+    try:
+        yield
+    finally:
+        network.init_weights = saved
+
+
 @dataclass
 class Prepared:
     name: str
@@ -138,7 +162,7 @@ class Prepared:
 def _build(text: str, file: str):
     from darkpy.cfg import parse_cfg
     from darkpy.network import load_network
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _no_random_init():
         warnings.simplefilter("ignore")
         return load_network(parse_cfg(text, file), batch=1)
 
@@ -417,8 +441,8 @@ def opencv_limitations(net) -> dict[int, str]:
             note(layer, "OpenCV ignores new_coords=1 when decoding")
         if layer.kind == "shortcut":
             for j in getattr(layer, "refs", ()):
-                src = net.layers[j]
-                if src.out_shape != layer.out_shape:
+                src = net.layers[j]     # a channel mismatch is fine (OpenCV truncates/pads like Darknet)
+                if src.out_shape[1:] != layer.out_shape[1:]:
                     note(layer, f"OpenCV cannot add layer {j}'s {src.out_shape} output to {layer.out_shape}")
             if sec.has("weights_type") and sec.options["weights_type"].value != "none":
                 note(layer, "OpenCV ignores weights_type")
@@ -592,7 +616,7 @@ def compare(name: str, workdir: Path, seed: int = 0, max_bflops: float = MAX_BFL
     noise = None
     if final > TOLERANCE and not limitations:
         # darkpy's own float32 rounding, amplified by this network: float32 output against float64
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _no_random_init():
             warnings.simplefilter("ignore")
             dp64 = load_network(cfg_path, weights_path, batch=1, dtype=np.float64)
         dp64.forward(x.astype(np.float64))

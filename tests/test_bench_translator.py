@@ -63,6 +63,46 @@ activation=linear
 [softmax]
 """
 
+# Darknet's shortcut over a partial overlap: fewer channels, a larger `from` sampled every 2nd pixel,
+# a smaller one added at every 2nd pixel; alpha/beta and an activation.
+SHORTCUTS = """
+[net]
+batch=4
+width=8
+height=8
+channels=3
+[convolutional]
+filters=4
+size=3
+stride=1
+pad=1
+activation=leaky
+[convolutional]
+batch_normalize=1
+filters=6
+size=3
+stride=2
+pad=1
+activation=leaky
+[shortcut]
+from=0
+alpha=0.5
+beta=2
+activation=leaky
+[upsample]
+stride=2
+[shortcut]
+from=1
+activation=linear
+[convolutional]
+filters=3
+size=1
+stride=1
+activation=linear
+[avgpool]
+[softmax]
+"""
+
 YOLO = """
 [net]
 batch=2
@@ -139,6 +179,12 @@ def test_every_layer_output_equals_darkpy():
     assert model.heads == [len(net.layers) - 1]
 
 
+def test_partial_shortcuts_equal_darkpy():
+    net = network_from_text(SHORTCUTS, batch=4)
+    rng = _sane(net)
+    _compare_all(net, rng.random((4, 3, 8, 8), dtype=np.float32))
+
+
 def test_yolo_heads_equal_darkpy():
     net = network_from_text(YOLO, batch=2)
     rng = _sane(net)
@@ -158,12 +204,14 @@ def test_channels_last_gives_the_same_outputs():
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_training_step_leaves_the_same_weights():
-    net = network_from_text(CLASSIFIER, batch=4)
+@pytest.mark.parametrize("text", [CLASSIFIER, SHORTCUTS], ids=["classifier", "shortcuts"])
+def test_training_step_leaves_the_same_weights(text):
+    net = network_from_text(text, batch=4)
     rng = _sane(net)
-    x = rng.random((4, 3, 9, 9), dtype=np.float32)
-    labels = rng.integers(0, 7, 4)
-    truth = np.eye(7, dtype=np.float32)[labels]
+    x = rng.random((4, *net.input_shape), dtype=np.float32)
+    classes = net.layers[-1].outputs
+    labels = rng.integers(0, classes, 4)
+    truth = np.eye(classes, dtype=np.float32)[labels]
     rate, momentum, decay = 0.05, 0.9, 0.0005
     net.config.momentum, net.config.decay = momentum, decay
     model = TorchNet(net.layers, exact_bn=True).train()
