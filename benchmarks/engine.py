@@ -118,16 +118,19 @@ class DarkpyRunner:
             reply["loss"] = self.net.cost
         return reply
 
-    def layers(self) -> dict:
-        """One op with every layer's forward (and backward) timed, and the update."""
-        fwd = [0.0] * len(self.net.layers)
-        bwd = [0.0] * len(self.net.layers)
+    def layers(self, n: int = 1) -> dict:
+        """`n` ops with every layer's forward (and backward) and the update timed; per-layer
+        medians over the ops, and the mean wall time of one op."""
+        nl = len(self.net.layers)
+        fwd = np.zeros((n, nl))
+        bwd = np.zeros((n, nl))
+        update = np.zeros(n)
 
         def timed(fn, store, i):
             def run(s):
                 t0 = time.perf_counter()
                 fn(s)
-                store[i] += time.perf_counter() - t0
+                store[k, i] += time.perf_counter() - t0
             return run
 
         for i, layer in enumerate(self.net.layers):
@@ -135,21 +138,22 @@ class DarkpyRunner:
             layer.backward = timed(layer.backward, bwd, i)
         start = time.perf_counter()
         try:
-            if self.job["mode"] == "train":
-                self.net.forward(self.x, self.truth, train=True)
-                self.net.backward()
-                t0 = time.perf_counter()
-                self.net.update(self.job["rate"])
-                update = time.perf_counter() - t0
-            else:
-                self.net.forward(self.x)
-                update = 0.0
+            for k in range(n):
+                if self.job["mode"] == "train":
+                    self.net.forward(self.x, self.truth, train=True)
+                    self.net.backward()
+                    t0 = time.perf_counter()
+                    self.net.update(self.job["rate"])
+                    update[k] = time.perf_counter() - t0
+                else:
+                    self.net.forward(self.x)
         finally:
             total = time.perf_counter() - start
             for layer in self.net.layers:
                 del layer.forward, layer.backward       # back to the class's methods
-        return {"fwd": fwd, "bwd": bwd if self.job["mode"] == "train" else None, "update": update,
-                "s": total}
+        train = self.job["mode"] == "train"
+        return {"fwd": np.median(fwd, 0).tolist(), "bwd": np.median(bwd, 0).tolist() if train else None,
+                "update": float(np.median(update)), "s": total / n}
 
 
 class TorchRunner:
@@ -205,12 +209,14 @@ class TorchRunner:
         self.model.train(training)
         return reply
 
-    def layers(self) -> dict:
-        """One inference forward with every step timed (training is not timed per layer)."""
+    def layers(self, n: int = 1) -> dict:
+        """`n` inference forwards with every step timed (training is not timed per layer): per-step
+        medians, and the mean wall time of one forward."""
         t0 = time.perf_counter()
         with self.torch.inference_mode():
-            fwd = self.model.forward_timed(self.x)
-        return {"fwd": fwd, "bwd": None, "update": 0.0, "s": time.perf_counter() - t0}
+            fwd = [self.model.forward_timed(self.x) for _ in range(n)]
+        return {"fwd": np.median(np.array(fwd), 0).tolist(), "bwd": None, "update": 0.0,
+                "s": (time.perf_counter() - t0) / n}
 
 
 def peak_rss_mb() -> float:
@@ -526,8 +532,9 @@ class Phase:
 
     def time(self) -> None:
         """Warm up (the check already ran every inference kernel once), size the samples so each
-        lasts >= min_sample_s, then alternate rounds; the last round runs instrumented per layer (a
-        clock read per layer: microseconds)."""
+        lasts >= min_sample_s, then alternate rounds. The last round also times every layer (a clock
+        read per layer): for a slow op that instrumented op is the round's sample; fast ops take
+        their sample as usual and then as many instrumented ops for per-layer medians."""
         inner, warm = {}, {}
         for kind in list(self.workers):
             t = self.checks[kind][1]["s"]
@@ -550,11 +557,11 @@ class Phase:
                 if kind not in self.workers:
                     continue
                 if last and (kind == "darkpy" or self.mode == "infer"):
-                    table = self._ask(kind, "layers")
+                    table = self._ask(kind, "layers", n=inner[kind])
                     if table is None:
                         continue
                     self.tables[kind] = table
-                    if inner[kind] == 1:            # the instrumented op is this round's sample
+                    if inner[kind] == 1:            # one slow op: the instrumented one is the sample
                         self.samples[kind].append(table["s"])
                         time.sleep(PAUSE_S)
                         continue

@@ -163,7 +163,7 @@ def predict(cfg, weights, images, data, top, as_json):
 @click.option("--width", type=click.IntRange(min=1), help="Input width (default: the cfg's).")
 @click.option("--height", type=click.IntRange(min=1), help="Input height (default: the cfg's).")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Batch for the buffer-memory total.")
+              help="Sequences per pass for the buffer-memory total (times the cfg's time_steps).")
 def summary(cfg, width, height, batch):
     """Darknet's layer table for CFG, with parameters, BFLOPs and buffer memory."""
     from .cfg import CfgWarning, load_cfg
@@ -175,7 +175,8 @@ def summary(cfg, width, height, batch):
             doc.set(f"net.{key}", str(value))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CfgWarning)
-        net = Network(doc, batch=batch)
+        steps = doc.net.get_int("time_steps", 1) if doc.net.has("time_steps") else 1
+        net = Network(doc, batch=batch * max(steps, 1))
     click.echo(net.summary())
 
 

@@ -167,8 +167,9 @@ def _build(text: str, file: str):
         return load_network(parse_cfg(text, file), batch=1)
 
 
-def prepare(name: str) -> Prepared:
-    """Oracle cfg text for shared cfg `name`, at a size darkpy can build; raises OracleSkip."""
+def prepare(name: str, max_bflops: float = MAX_BFLOPS) -> Prepared:
+    """Oracle cfg text for shared cfg `name`, at the first size darkpy builds within `max_bflops`
+    (or, if none is, the first it builds); raises OracleSkip when darkpy cannot build it at all."""
     from darkpy.cfg import parse_cfg
     from darkpy.errors import CfgError
     path = SHARED / "cfg" / name
@@ -180,21 +181,30 @@ def prepare(name: str) -> Prepared:
     h = int(doc.get("net.height") or 0)
     if not (w and h):
         raise OracleSkip("flat network input (`inputs=`): OpenCV's importer needs width/height/channels")
-    sizes = [(w, h)] if max(w, h) <= KEEP_OWN_SIZE_UP_TO else [(s, s) for s in SIZES]
-    last = None
+    if max(w, h) <= KEEP_OWN_SIZE_UP_TO:      # its own size, then smaller ones if it is too costly
+        sizes = [(w // k, h // k) for k in (1, 2, 3, 4) if min(w, h) // k >= 4]
+    else:
+        sizes = [(s, s) for s in SIZES]
+    first, last_error = None, None
     for sw, sh in sizes:
         doc.set("net.width", str(sw))
         doc.set("net.height", str(sh))
         try:
             net = _build(doc.text(), str(path))
         except CfgError as e:
-            last = e
             if "not supported by darkpy" in str(e):
                 raise OracleSkip(f"darkpy: {e.message}") from None
+            last_error = e
             continue
-        bflops = sum(layer.flops() for layer in net.layers) / 1e9
-        return Prepared(name, doc.text(), (sw, sh), bflops, net)
-    raise OracleSkip(f"darkpy cannot build it at any size tried: {last}")
+        prep = Prepared(name, doc.text(), (sw, sh), sum(layer.flops() for layer in net.layers) / 1e9, net)
+        if prep.bflops <= max_bflops:
+            return prep
+        first = first or prep
+        if sizes[0][0] < sizes[-1][0]:          # ascending sizes: a larger one costs more
+            break
+    if first is not None:
+        return first
+    raise OracleSkip(f"darkpy cannot build it at any size tried: {last_error}")
 
 
 # -- random but well-scaled parameters --------------------------------------------------------------
@@ -228,21 +238,18 @@ def _conv_response(layer, x: np.ndarray, w: np.ndarray, rng, samples: int = 64) 
 
 
 def _fill_normalised(arrays, z_fn, n: int, rng, bn_first: bool) -> None:
-    """Shared by conv and connected: random weights scaled to unit RMS response, centred."""
+    """Shared by conv and connected: random weights scaled to a unit RMS response, each filter centred."""
     if bn_first:     # conv file order: biases, [scales, mean, var], weights
         biases, bn, weights = arrays[0], arrays[1:-1], arrays[-1]
     else:            # connected: biases, weights, [scales, mean, var]
         biases, weights, bn = arrays[0], arrays[1], arrays[2:]
     w = rng.standard_normal(weights.shape, dtype=np.float32).reshape(n, -1)
     z = z_fn(w.reshape(weights.shape))                                    # (P, n) float64
-    rms = np.sqrt((z ** 2).mean(axis=0))
-    mean = z.mean(axis=0)
-    if z.shape[0] < 4:    # too few positions for per-filter statistics: use one scale for all
-        rms[:] = max(math.sqrt(float((z ** 2).mean())), 1e-12)
-        mean[:] = 0.0
-    rms = np.where(rms > 1e-12, rms, 1.0)
-    w *= (1.0 / rms[:, None]).astype(np.float32)
-    mean /= rms
+    # One scale for the whole layer (a per-filter one would amplify whatever a filter barely sees in
+    # this input, and with it rounding noise); per-filter centring only shifts, it adds no gain.
+    rms = math.sqrt(float((z ** 2).mean())) or 1.0
+    mean = z.mean(axis=0) / rms if z.shape[0] >= 4 else np.zeros(n)
+    w *= np.float32(1.0 / rms)
     weights[...] = w.reshape(weights.shape)
     jitter = rng.uniform(-0.1, 0.1, n)
     if bn:
@@ -314,11 +321,11 @@ def _quiet_stderr():
             os.close(saved)
 
 
-def opencv_net(cfg: Path, weights: Path):
+def opencv_net(cfg: Path, weights: Path | None = None):
     import cv2
     try:
         with _quiet_stderr():
-            net = cv2.dnn.readNetFromDarknet(str(cfg), str(weights))
+            net = cv2.dnn.readNetFromDarknet(str(cfg), *([str(weights)] if weights else []))
     except cv2.error as e:
         lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
         msg = lines[-1] if lines else str(e)
@@ -446,6 +453,8 @@ def opencv_limitations(net) -> dict[int, str]:
                     note(layer, f"OpenCV cannot add layer {j}'s {src.out_shape} output to {layer.out_shape}")
             if sec.has("weights_type") and sec.options["weights_type"].value != "none":
                 note(layer, "OpenCV ignores weights_type")
+        if layer.kind == "reorg" and any(_int(sec, k, 0) for k in ("extra", "flatten", "reverse")):
+            note(layer, "OpenCV ignores reorg extra/flatten/reverse")
         if layer.kind == "upsample" and sec.has("scale") and float(sec.options["scale"].value) != 1.0:
             note(layer, "OpenCV ignores upsample scale")
     return out
@@ -522,8 +531,9 @@ def layer_err(layer, blob: np.ndarray, size) -> float:
 
 
 def _layer_errors(dp, blobs: dict, index: dict, size, skip: dict, local: bool) -> dict[str, float]:
-    """Relative error of every comparable layer (not in `skip`). `local`: each layer runs again after
-    every earlier layer's output was replaced by OpenCV's, so each is judged on identical inputs."""
+    """Relative error of every comparable layer (not in `skip`; a layer whose size differs after one
+    in `skip` is added to it). `local`: each layer runs again after every earlier layer's output was
+    replaced by OpenCV's, so each is judged on identical inputs."""
     from darkpy.layers.base import State
     s = State(input=dp.input, delta=None, truth=None, train=False, layers=dp.layers, seen=0,
               rng=np.random.default_rng(0), net=dp)
@@ -533,6 +543,9 @@ def _layer_errors(dp, blobs: dict, index: dict, size, skip: dict, local: bool) -
             layer.forward(s)
         blob = blobs[index[layer.index]]
         key = f"layer {layer.index} [{layer.kind}]"
+        if blob.size != layer.output.size and layer.index not in skip and any(j < layer.index for j in skip):
+            skip[layer.index] = (f"{key}: follows a layer OpenCV reads differently, and has "
+                                 f"{blob.size} values there, {layer.output.size} in darkpy")
         if layer.index not in skip and layer.kind != "cost":
             errors[key] = layer_err(layer, blob, size)
         if local and layer.kind not in _NOT_ELEMENTWISE and layer.output.size == blob.size:
@@ -575,18 +588,19 @@ def compare(name: str, workdir: Path, seed: int = 0, max_bflops: float = MAX_BFL
     """Run darkpy and OpenCV on shared cfg `name`; raises OracleSkip when they cannot be compared."""
     from darkpy.network import load_network
     t0 = time.perf_counter()
-    prep = prepare(name)
+    prep = prepare(name, max_bflops)
     if prep.bflops > max_bflops:
         raise OracleSkip(f"too large for the test budget: {prep.bflops:.1f} BFLOPs at "
                          f"{prep.size[0]}x{prep.size[1]} (limit {max_bflops:g})")
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg_path, weights_path = workdir / "oracle.cfg", workdir / "oracle.weights"
+    cfg_path.write_text(prep.text, encoding="utf-8")
+    opencv_net(cfg_path)                 # can OpenCV read the cfg at all? (cheap, before any work)
     dp = prep.net
     limitations = opencv_limitations(dp)
     rng = np.random.default_rng(seed)
     x = rng.random((1, *dp.input_shape), dtype=np.float32)
     randomize(dp, x, seed)          # leaves every layer's output of this input in place
-    workdir.mkdir(parents=True, exist_ok=True)
-    cfg_path, weights_path = workdir / "oracle.cfg", workdir / "oracle.weights"
-    cfg_path.write_text(prep.text, encoding="utf-8")
     dp.save_weights(weights_path)
     # OpenCV's batch norm divides by sqrt(var + 1e-6), Darknet's (GPU, cuDNN, fork) and darkpy's by
     # sqrt(var + 1e-5): OpenCV gets its own copy of the file with every rolling variance raised by the

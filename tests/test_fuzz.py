@@ -107,6 +107,52 @@ def value():
     )
 
 
+ACTIVATIONS = ["linear", "leaky", "logistic", "relu", "mish", "swish", "tanh", "relu6", "elu", "selu",
+               "ramp", "plse", "stair", "hardtan", "lhtan", "loggy", "relie", "hard_mish", "gelu"]
+
+
+def _refs():
+    return st.lists(st.integers(-4, 3), min_size=1, max_size=3).map(lambda v: ",".join(map(str, v)))
+
+
+#: Plausible values per key (drawn most of the time for networks, so most cases build and run).
+PLAUSIBLE = {
+    "filters": st.integers(1, 8), "size": st.integers(1, 5), "stride": st.integers(-2, 3),
+    "pad": st.integers(0, 1), "padding": st.integers(0, 3), "groups": st.integers(1, 3),
+    "batch_normalize": st.integers(0, 1), "output": st.integers(1, 20), "classes": st.integers(1, 4),
+    "num": st.integers(1, 3), "coords": st.just(4), "side": st.integers(1, 3), "dilation": st.integers(1, 2),
+    "probability": st.floats(0, 0.9).map(lambda f: f"{f:.2f}"), "temperature": st.sampled_from(["1", "2", ".5"]),
+    "crop_height": st.integers(1, 8), "crop_width": st.integers(1, 8), "scale": st.sampled_from(["1", "2", ".5"]),
+    "activation": st.sampled_from(ACTIVATIONS), "layers": _refs(), "from": _refs(),
+    "mask": st.lists(st.integers(0, 2), min_size=1, max_size=3, unique=True).map(lambda v: ",".join(map(str, v))),
+    "anchors": st.lists(st.integers(1, 30), min_size=2, max_size=6).map(lambda v: ",".join(map(str, v))),
+    "type": st.sampled_from(["sse", "masked", "smooth", "L1"]), "reverse": st.integers(0, 1),
+    "softmax": st.integers(0, 1), "new_coords": st.integers(0, 1), "scale_x_y": st.sampled_from(["1", "1.05", "2"]),
+    "group_id": st.integers(0, 1), "alpha": st.sampled_from(["1", ".5"]), "beta": st.sampled_from(["1", ".5"]),
+}
+
+
+def network_value(key: str):
+    plausible = PLAUSIBLE.get(key, st.integers(0, 3)).map(str)
+    return st.one_of(*([plausible] * 12), value())
+
+
+@st.composite
+def network_text(draw, max_layers: int = 6):
+    """A network most of whose sections are sensible: real section names, plausible small values."""
+    w, h, c = draw(st.integers(1, 12)), draw(st.integers(1, 12)), draw(st.integers(1, 3))
+    lines = ["[net]", f"width={w}", f"height={h}", f"channels={c}"]
+    kinds = sorted({cls.kind for cls in REGISTRY.values()})
+    for _ in range(draw(st.integers(1, max_layers))):
+        kind = draw(st.sampled_from(kinds))
+        lines.append(f"[{kind}]")
+        for key in draw(st.lists(st.sampled_from(KEYS.get(kind, []) or ["bogus_key"]), max_size=4, unique=True)):
+            v = draw(network_value(key))
+            if v:
+                lines.append(f"{key}={v}")
+    return "\n".join(lines) + "\n"
+
+
 @st.composite
 def cfg_text(draw, max_layers: int = 6, for_network: bool = False):
     """Cfg-ish text: mostly well-formed sections with known keys and small values, plus noise."""
@@ -230,7 +276,7 @@ def _build_and_run(text: str):
 
 
 @FUZZ_NET
-@given(cfg_text(max_layers=5, for_network=True))
+@given(st.one_of(network_text(), cfg_text(max_layers=5, for_network=True)))
 def test_random_networks_build_and_run_or_raise_cfg_errors(text):
     _build_and_run(text)
 
@@ -274,7 +320,7 @@ def test_generated_networks_are_not_all_rejected():
     def builds_three_layers(text):
         layers = _quiet_build(text)
         return layers is not None and len(layers) >= 3
-    assert find(cfg_text(max_layers=4, for_network=True), builds_three_layers,
+    assert find(network_text(max_layers=4), builds_three_layers,
                 settings=settings(max_examples=300, deadline=None, database=None, phases=[Phase.generate]))
 
 

@@ -58,7 +58,7 @@ class DeconvolutionalLayer(Layer):
         self._trained = False
 
     @classmethod
-    def from_cfg(cls, sec, in_shape, ctx) -> "DeconvolutionalLayer":
+    def from_cfg(cls, sec, in_shape, ctx) -> DeconvolutionalLayer:
         filters = sec.get_int("filters", 1)
         size = sec.get_int("size", 1)
         stride = sec.get_int("stride", 1)

@@ -135,7 +135,7 @@ class LocalLayer(Layer):
         self.chunk = 1
 
     @classmethod
-    def from_cfg(cls, sec, in_shape, ctx) -> "LocalLayer":
+    def from_cfg(cls, sec, in_shape, ctx) -> LocalLayer:
         filters = sec.get_int("filters", 1)
         size = sec.get_int("size", 1)
         stride = sec.get_int("stride", 1)

@@ -388,7 +388,7 @@ class RNNLayer(_SimpleRecurrent):
                     shortcut)
 
     @classmethod
-    def from_cfg(cls, sec, in_shape, ctx) -> "RNNLayer":
+    def from_cfg(cls, sec, in_shape, ctx) -> RNNLayer:
         outputs = _positive(sec, "output")
         # pjreddie does not read `hidden` (its hidden size is `output`); AlexeyAB does
         hidden = _positive(sec, "hidden", outputs)
@@ -439,7 +439,7 @@ class CRNNLayer(_SimpleRecurrent):
                     conv(hidden_filters, output_filters), shortcut)
 
     @classmethod
-    def from_cfg(cls, sec, in_shape, ctx) -> "CRNNLayer":
+    def from_cfg(cls, sec, in_shape, ctx) -> CRNNLayer:
         p_keys = [k for k in ("output_filters", "hidden_filters") if sec.has(k)]
         a_keys = [k for k in ("output", "hidden") if sec.has(k)]
         if p_keys and a_keys:
@@ -480,6 +480,11 @@ class CRNNLayer(_SimpleRecurrent):
         return cls(sec.index, in_shape, hid_f, out_f, steps, size, padding, dilation, groups,
                    activation, bn, shortcut, False, ctx.dtype)
 
+    @property
+    def col_shape(self) -> tuple:
+        """The largest im2col matrix of the inner convolutions (the summary sizes the workspace by it)."""
+        return max((i.layer.col_shape for i in self.inner), key=lambda s: s[0] * s[1])
+
     def summary(self) -> str:
         return f"CRNN Layer: {fmt_shape(self.in_shape)}   ->  {fmt_shape(self.out_shape)}"
 
@@ -508,7 +513,7 @@ class GRULayer(_Recurrent):
         self.z = self.r = self.fs = self.hc = self.h0 = self.dh0 = self.dfs = np.zeros((0,), self.dtype)
 
     @classmethod
-    def from_cfg(cls, sec, in_shape, ctx) -> "GRULayer":
+    def from_cfg(cls, sec, in_shape, ctx) -> GRULayer:
         outputs = _positive(sec, "output")
         bn = sec.get_bool("batch_normalize", False)
         tanh = sec.get_bool("tanh", False)
@@ -592,7 +597,7 @@ class LSTMLayer(_Recurrent):
         self.f = self.i = self.g = self.o = self.c = self.h0 = self.c0 = self.dc = z
 
     @classmethod
-    def from_cfg(cls, sec, in_shape, ctx) -> "LSTMLayer":
+    def from_cfg(cls, sec, in_shape, ctx) -> LSTMLayer:
         outputs = _positive(sec, "output")
         bn = sec.get_bool("batch_normalize", False)
         return cls(sec.index, in_shape, outputs, ctx.net.time_steps, bn, ctx.dtype)
