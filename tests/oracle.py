@@ -41,6 +41,7 @@ import io
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -239,7 +240,7 @@ def _int(sec, key: str, default: int) -> int:
     return int(float(v.value)) if v is not None else default
 
 
-def _conv_response(layer, x: np.ndarray, w: np.ndarray, rng, samples: int = 64) -> np.ndarray:
+def _conv_response(layer, x: np.ndarray, w: np.ndarray, rng, samples: int = 16) -> np.ndarray:
     """(P, n) responses of filters `w` (n, c/g, k, k) at up to `samples` random output positions of
     input `x` (c, h, w) — enough to set each filter's scale; geometry from the layer's cfg section."""
     sec = layer.section
@@ -268,14 +269,13 @@ def _fill_normalised(arrays, z_fn, n: int, rng, bn_first: bool) -> None:
         biases, bn, weights = arrays[0], arrays[1:-1], arrays[-1]
     else:            # connected: biases, weights, [scales, mean, var]
         biases, weights, bn = arrays[0], arrays[1], arrays[2:]
-    w = rng.standard_normal(weights.shape, dtype=np.float32).reshape(n, -1)
-    z = z_fn(w.reshape(weights.shape))                                    # (P, n) float64
+    rng.standard_normal(dtype=weights.dtype, out=weights)
+    z = z_fn(weights)                                                     # (P, n) float64
     # One scale for the whole layer (a per-filter one would amplify whatever a filter barely sees in
     # this input, and with it rounding noise); per-filter centring only shifts, it adds no gain.
     rms = math.sqrt(float((z ** 2).mean())) or 1.0
     mean = z.mean(axis=0) / rms if z.shape[0] >= 4 else np.zeros(n)
-    w *= np.float32(1.0 / rms)
-    weights[...] = w.reshape(weights.shape)
+    weights *= weights.dtype.type(1.0 / rms)
     jitter = rng.uniform(-0.1, 0.1, n)
     if bn:
         scales, rolling_mean, rolling_var = bn
@@ -586,23 +586,22 @@ def write_opencv_weights(net, darkpy_file: Path, opencv_file: Path) -> None:
     sqrt(var + 1e-5). The variances are found in the file by Darknet's layout (spec §7), computed
     here independently of darkpy's writer: header 20 bytes, then per layer its arrays in order.
     """
-    data = np.fromfile(darkpy_file, dtype="<f4", offset=20)
-    pos = 0
-    for layer in net.layers:
-        sizes = [a.size for a in layer.weight_arrays()]
-        var = bn_variance(layer)
-        if var is not None:
-            n = var.size
-            start = pos + (3 * n if layer.kind == "convolutional" else n + sizes[1] + 2 * n)
-            assert np.array_equal(data[start:start + n], var), f"layer {layer.index}: not Darknet's layout"
-            data[start:start + n] += np.float32(OPENCV_BN_EPS_SHIFT)
-        pos += sum(sizes)
-    assert pos == data.size, "darkpy's file is not Darknet's layout"
-    with open(darkpy_file, "rb") as f:
-        header = f.read(20)
-    with open(opencv_file, "wb") as f:
-        f.write(header)
-        f.write(data.tobytes())
+    shutil.copyfile(darkpy_file, opencv_file)
+    pos = 20
+    with open(opencv_file, "r+b") as f:
+        for layer in net.layers:
+            sizes = [a.size for a in layer.weight_arrays()]
+            var = bn_variance(layer)
+            if var is not None:
+                n = var.size
+                at = pos + 4 * (3 * n if layer.kind == "convolutional" else n + sizes[1] + 2 * n)
+                f.seek(at)
+                stored = np.frombuffer(f.read(4 * n), dtype="<f4")
+                assert np.array_equal(stored, var), f"layer {layer.index}: not Darknet's layout"
+                f.seek(at)
+                f.write((stored + np.float32(OPENCV_BN_EPS_SHIFT)).astype("<f4").tobytes())
+            pos += 4 * sum(sizes)
+        assert pos == f.seek(0, os.SEEK_END), "darkpy's file is not Darknet's layout"
 
 
 def _param_copies(net) -> list[np.ndarray]:
