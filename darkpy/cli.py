@@ -88,12 +88,17 @@ def _settings(**flags):
 @click.option("--backup", type=click.Path(file_okay=False), help="Folder for checkpoints, log and chart.")
 @click.option("--threads", type=click.IntRange(min=0), help="numba/BLAS threads (0 = all cores).")
 @click.option("--progress", type=click.Choice(["auto", "bar", "lines", "none"]), help="Progress style.")
-def train(cfg, data, weights, clear, seed, max_batches, backup, threads, progress):
+@click.option("--map", "calc_map", is_flag=True,
+              help="Detectors: measure mAP@0.5 on the valid list during training; keep NAME_best.weights.")
+@click.option("--map-every", type=click.IntRange(min=1), metavar="N",
+              help="With --map: every N iterations (default: max(100, iterations/10)); implies --map.")
+def train(cfg, data, weights, clear, seed, max_batches, backup, threads, progress, calc_map, map_every):
     """Train the network of CFG on the `train` list of its .data file.
 
     Checkpoints go to the backup folder with Darknet's names (NAME_last.weights every 100 iterations,
     NAME_N.weights every 1000, NAME_final.weights at the end), with a .state file beside each for an
-    exact resume. Ctrl-C saves NAME_last.weights and exits 0.
+    exact resume. Ctrl-C saves NAME_last.weights and exits 0. Detectors with random=1 on the last
+    layer train at sizes changing every 10 iterations; --map measures mAP during training and at the end.
     """
     from .progress import Progress
     from .train import train as run_training
@@ -103,7 +108,8 @@ def train(cfg, data, weights, clear, seed, max_batches, backup, threads, progres
     settings = _settings(seed=seed, threads=threads, progress=progress)
     reporter = Progress(settings.progress)
     result = run_training(cfg, data=data, weights=weights, clear=clear, seed=seed, max_batches=max_batches,
-                          backup=backup, settings=settings, progress=reporter)
+                          backup=backup, settings=settings, progress=reporter,
+                          calc_map=calc_map or map_every is not None, map_every=map_every)
     if result.interrupted:
         click.echo(f"Interrupted at iteration {result.iteration}: saved {result.weights}; resume with "
                    f"`darkpy train {cfg} --weights {result.weights}`")
@@ -112,6 +118,9 @@ def train(cfg, data, weights, clear, seed, max_batches, backup, threads, progres
                f"loss chart {result.chart}")
     if result.accuracy is not None:
         click.echo(result.accuracy.format())
+    if result.map is not None:
+        click.echo(f"mAP@0.5 of the final weights: {100 * result.map.map:.2f} % (best {100 * result.best_map:.2f} %"
+                   + (f", saved {result.best})" if result.best else ")"))
 
 
 @main.command(context_settings=CONTEXT)

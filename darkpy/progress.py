@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import IO
 
-LOG_FIELDS = ("iteration", "epoch", "loss", "avg_loss", "cost_mean", "rate", "seconds", "images")
+LOG_FIELDS = ("iteration", "epoch", "loss", "avg_loss", "cost_mean", "rate", "seconds", "images", "map")
 
 _LINE = re.compile(
     r"^\s*(?P<iteration>\d+), (?P<epoch>[-\d.]+): (?P<loss>\S+), (?P<avg_loss>\S+) avg, "
@@ -38,6 +38,7 @@ class Record:
     rate: float             # learning rate used for this update
     seconds: float          # wall time of the iteration
     images: int             # images seen so far (the weights header's `seen`)
+    map: float = math.nan   # detector mAP@0.5 on the valid list when measured at this iteration (`--map`)
 
     def line(self) -> str:
         return (f"{self.iteration}, {self.epoch:.3f}: {self.loss:f}, {self.avg_loss:f} avg, "
@@ -155,7 +156,7 @@ class CsvLog:
 
 def _row(r: Record) -> list:
     return [r.iteration, f"{r.epoch:.4f}", repr(r.loss), repr(r.avg_loss), repr(r.cost_mean),
-            repr(r.rate), f"{r.seconds:.6f}", r.images]
+            repr(r.rate), f"{r.seconds:.6f}", r.images, "" if math.isnan(r.map) else repr(r.map)]
 
 
 def read_log(path: str | os.PathLike) -> list[Record]:
@@ -169,7 +170,8 @@ def read_log(path: str | os.PathLike) -> list[Record]:
     for row in rows:
         try:
             out.append(Record(**{name: (int(row[name]) if name in ("iteration", "images") else float(row[name]))
-                                 for name in LOG_FIELDS}))
+                                 for name in LOG_FIELDS if name != "map"},
+                              map=float(row.get("map") or "nan")))   # older logs have no map column
         except (KeyError, TypeError, ValueError):
             continue   # a line cut short by a kill: ignore it
     return out

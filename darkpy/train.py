@@ -9,8 +9,9 @@ kill at any instant leaves the previous checkpoint loadable.
 
 Determinism: the batch of iteration k (sample indices and augmentation) is a pure function of
 (seed, k) — the images come from epoch permutations `default_rng([seed, epoch])`, augmentation
-from `default_rng([seed, k, 1])`, and the network's own randomness (dropout) from
-`default_rng([seed, k, 2])`. Beside each checkpoint a `.state` file (an `.npz`) keeps what the
+from `default_rng([seed, k, 1])`, the network's own randomness (dropout) from
+`default_rng([seed, k, 2])`, and with random=1 the input size from `default_rng([seed, k // 10, 3])`
+(`multiscale_size`; each prefetched batch is loaded at its own size). Beside each checkpoint a `.state` file (an `.npz`) keeps what the
 `.weights` file cannot: momentum buffers (`Param.grad`), Adam moments (`Param.state`), the update
 count, the seed and the running average loss. Resuming from a checkpoint with its state gives
 exactly the run that was not interrupted, bit for bit; from the `.weights` file alone (all Darknet
@@ -49,15 +50,22 @@ def cfg_base(cfg_path: str | os.PathLike) -> str:
 
 
 def data_candidates(cfg_path: str | os.PathLike) -> list[Path]:
-    """Where the .data file of a cfg is looked for: cfg/x.cfg -> data/x.data (beside the cfg folder,
-    then under the current directory), then x.data beside the cfg."""
+    """Where the .data file of a cfg is looked for, in order.
+
+    Names: `<cfgbase>.data`, then the name cut at its first '-' (so cfg/shapes-tiny.cfg also finds
+    data/shapes.data: a family of cfgs shares one dataset). Each name is looked for in data/ beside
+    the cfg folder (cfg/x.cfg -> data/x.data), then in data/ under the current directory, then beside
+    the cfg; every place for the full name before any for the cut one."""
     cfg = Path(cfg_path)
-    name = cfg_base(cfg) + ".data"
-    out = [cfg.parent.parent / "data" / name, Path("data") / name, cfg.parent / name]
+    base = cfg_base(cfg)
     unique: list[Path] = []
-    for p in out:
-        if p not in unique:
-            unique.append(p)
+    for stem in (base, base.split("-", 1)[0]):
+        if not stem:
+            continue
+        name = stem + ".data"
+        for p in (cfg.parent.parent / "data" / name, Path("data") / name, cfg.parent / name):
+            if p not in unique:
+                unique.append(p)
     return unique
 
 
@@ -258,6 +266,47 @@ def network_rng(seed: int, k: int) -> np.random.Generator:
     return np.random.default_rng([seed, k, 2])
 
 
+# -- multi-scale training (random=1 on the last detection layer) ------------------------------------------
+
+RESIZE_PERIOD = 10       # Darknet draws a new input size every 10 iterations
+RESIZE_STEP = 32         # sizes are multiples of 32 (the usual total stride of a detector)
+RANDOM_SCALE = 1.4       # random=1 spans the cfg size / 1.4 .. x 1.4 (the fork's default scale)
+
+
+def multiscale_sizes(width: int, height: int, random: float) -> list[tuple[int, int]]:
+    """The input sizes multi-scale training draws from, smallest first.
+
+    Darknet (random=1, a 416 cfg) draws `32·(10 + rand()%10)` = 320..608, a fixed range meant for
+    ~416 px cfgs, far too large for darkpy's 128 px shapes-tiny. darkpy scales the range to the cfg
+    instead: the multiples of 32 between width/s and width·s, s = 1.4 (the fork's rand_scale(1.4),
+    so 416 -> 320..576, close to Darknet's) or s = random when the head gives a float above 1 (the
+    fork's random=1.5 etc.). The height keeps the cfg's aspect ratio (rounded to a multiple of 32).
+    The cfg's own size is always one of them; a cfg too small for any other multiple of 32 gets
+    only its own size (no resizing)."""
+    s = float(random) if random > 1 else RANDOM_SCALE
+    lo = math.ceil(width / s / RESIZE_STEP)
+    hi = math.floor(width * s / RESIZE_STEP)
+    widths = sorted({RESIZE_STEP * m for m in range(max(lo, 1), hi + 1)} | {width})
+    out = []
+    for w in widths:
+        h = height if w == width else max(RESIZE_STEP, RESIZE_STEP * round(w * height / width / RESIZE_STEP))
+        out.append((w, h))
+    return out
+
+
+def multiscale_size(seed: int, k: int, sizes: Sequence[tuple[int, int]], base: tuple[int, int],
+                    max_batches: int) -> tuple[int, int]:
+    """The input size of iteration k (0-based): a pure function of (seed, k) and the schedule, so a
+    resumed run trains at the sizes of the uninterrupted one. Each period of RESIZE_PERIOD iterations
+    draws one of `sizes` with `default_rng([seed, period, 3])`; the final 10% of the iterations
+    train at the cfg's size `base` (Darknet uses its largest size for the last 200: darkpy ends at
+    the size the weights are saved and evaluated at)."""
+    if k >= max_batches - max(1, max_batches // 10):
+        return base
+    i = np.random.default_rng([seed, k // RESIZE_PERIOD, 3]).integers(len(sizes))
+    return tuple(sizes[int(i)])
+
+
 # -- data -------------------------------------------------------------------------------------------
 
 def is_detector(net) -> bool:
@@ -355,6 +404,10 @@ class TrainResult:
     chart: str
     records: list[Record] = field(default_factory=list)   # this run's iterations
     accuracy: "ValidResult | None" = None
+    map: "MapResult | None" = None       # with calc_map: the final network's mAP on the valid list
+    best_map: float | None = None        # with calc_map: the best mAP so far (this run or the resumed one)
+    best: str | None = None              # with calc_map: `<cfg>_best.weights`, once written
+    sizes: list[tuple[int, int, int]] = field(default_factory=list)  # (iterations done, w, h) at each resize
 
     @property
     def loss(self) -> float | None:
@@ -417,7 +470,7 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
           max_batches: int | None = None, backup: str | os.PathLike | None = None,
           settings: Settings | None = None, progress: Progress | None = None,
           evaluate: bool = True, save_last: int | None = None, save_every: int | None = None,
-          stop_after: int | None = None) -> TrainResult:
+          stop_after: int | None = None, calc_map: bool = False, map_every: int | None = None) -> TrainResult:
     """Train the network of `cfg` on the `train` list of its .data file.
 
     `weights` resumes from its `seen` count (and from the `.state` beside it when that matches);
@@ -427,6 +480,12 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
     `saveweights` keys, else 100/1000). `stop_after` stops (as if interrupted) after that many
     iterations of this run. With `evaluate`, the final network is validated on the `valid` list.
     The settings' thread count is applied first (`configure_threads`).
+
+    Detectors: `random=1` on the last [yolo]/[region] trains at sizes drawn every 10 iterations
+    (`multiscale_size`), back at the cfg's size for the final 10% and for every mAP measurement.
+    `calc_map` measures mAP@0.5 on the `valid` list every `map_every` iterations (default
+    max(100, max_batches/10)) and at the end, logs it (the CSV's `map` column) and keeps
+    `<cfg>_best.weights` (and its .state) whenever it improves.
     """
     from .network import load_network
 
@@ -483,10 +542,24 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
         check_labels(train_paths, labels, dc.train)
     dataset = make_dataset(net, dc, train_paths, augment=True, labels=labels)
     plan = BatchPlan(len(train_paths), B, seed)
-    w, h = net.width, net.height
+    base_size = (net.width, net.height)
+    head_random = getattr(net.layers[-1], "random", 0) if is_detector(net) else 0
+    sizes = multiscale_sizes(*base_size, head_random) if head_random else [base_size]
+
+    def batch_size(k: int) -> tuple[int, int]:
+        return multiscale_size(seed, k, sizes, base_size, max_batches) if len(sizes) > 1 else base_size
 
     def load_batch(k: int):
-        return dataset.load(plan.indices(k), augment_rng(seed, k), w, h)
+        """Batch k at its own input size (x is (B, c, h, w)): prefetching stays a pure function of k."""
+        bw, bh = batch_size(k)
+        return dataset.load(plan.indices(k), augment_rng(seed, k), bw, bh)
+
+    if calc_map and not is_detector(net):
+        raise DarkpyError(f"{cfg}: --map measures detector mAP; this network is a classifier (its accuracy "
+                          f"on the valid list is printed at the end)")
+    valid_paths = read_image_list(dc.valid, "valid", data_path) if calc_map else []
+    map_every = map_every or max(100, max_batches // 10)
+    best_map = meta.get("best_map") if meta else None
 
     # -- output files -------------------------------------------------------------------------------
     os.makedirs(backup_dir, exist_ok=True)
@@ -500,7 +573,7 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
 
     def ckpt_meta(k: int) -> dict:
         return {"iteration": k, "seed": seed, "avg_loss": avg, "cfg": os.path.abspath(cfg),
-                "loader": {"seed": seed, "iteration": k, "train_list": dc.train}}
+                "loader": {"seed": seed, "iteration": k, "train_list": dc.train}, "best_map": best_map}
 
     def draw():
         from .chart import draw_loss_chart
@@ -508,9 +581,16 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
         draw_loss_chart(chart_path, [r.iteration for r in recs], [r.loss for r in recs],
                         [r.avg_loss for r in recs], max_batches, title=base)
 
-    if net.config.random or getattr(net.layers[-1], "random", 0):
-        progress.message(f"Note: random=1 (multi-scale training) is not supported yet; training at "
-                         f"{net.width}x{net.height} only")
+    if net.config.random and not is_detector(net):
+        progress.message(f"Note: [net] random=1 (classifier multi-scale training) is not supported; "
+                         f"training at {net.width}x{net.height} only")
+    if head_random:
+        progress.message("random=1: multi-scale training at " + ", ".join(f"{a}x{b}" for a, b in sizes)
+                         + f", a new size every {RESIZE_PERIOD} iterations; {base_size[0]}x{base_size[1]} "
+                         f"for the last {max(1, max_batches // 10)}")
+    if calc_map:
+        progress.message(f"mAP@0.5 on {dc.valid} ({len(valid_paths)} images) every {map_every} iterations "
+                         f"and at the end; the best weights go to {base}_best.weights")
     if kernels_need_compiling(net):
         progress.message("First run: compiling numba kernels (cached afterwards, so later runs start fast)")
     progress.message(f"Training {cfg} on {dc.train} ({len(train_paths)} images), {B} images per iteration "
@@ -524,13 +604,30 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
     last_ckpt: tuple[str, int] | None = (os.fspath(weights), start) if weights is not None else None
     records: list[Record] = []
     written: str | None = None
+    best_written: str | None = None
+    size_changes: list[tuple[int, int, int]] = []
+    final_map = None
     interrupted = False
     k = start
+
+    def set_size(size: tuple[int, int], why: str) -> None:
+        if (net.width, net.height) != size:
+            net.resize(*size)
+            size_changes.append((k, *size))
+            progress.message(f"Resizing to {size[0]}x{size[1]} ({why})")
+
+    def measure_map():
+        from .detect import evaluate_map
+
+        set_size(base_size, "the cfg's size, to measure mAP")
+        return evaluate_map(net, dc, iou=0.5, paths=valid_paths)
+
     try:
         with _StopRequest() as stop:
             while k < max_batches:
                 t0 = time.perf_counter()
                 x, y = loader.get(k)
+                set_size((x.shape[-1], x.shape[-2]), f"iteration {k + 1}")
                 net.rng = network_rng(seed, k)
                 cost_sum, cost_mean = _train_iteration(net, x, y, lambda where, cost: TrainingError(
                     _nan_message(k + 1, cost, where, last_ckpt)))
@@ -540,20 +637,37 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
                 avg = loss if avg < 0 else 0.9 * avg + 0.1 * loss
                 rec = Record(k, net.seen / len(train_paths), loss, avg, cost_mean, rate,
                              time.perf_counter() - t0, int(net.seen))
+                done = k >= max_batches
+                improved = False
+                if calc_map and (k % map_every == 0 or done):
+                    final_map = measure_map()
+                    rec.map = final_map.map
+                    improved = best_map is None or rec.map > best_map
+                    best_map = rec.map if improved else best_map
                 records.append(rec)
                 log.write(rec)
                 progress.iteration(rec)
-                done = k >= max_batches
+                if not math.isnan(rec.map):
+                    progress.message(f"iteration {k}: mAP@0.5 = {100 * rec.map:.2f} %, best = {100 * best_map:.2f} %"
+                                     + (f"; saving {base}_best.weights" if improved else ""))
                 want_stop = stop.requested is not None or (stop_after is not None and k - start >= stop_after)
                 names = checkpoint_names(base, k, save_last, save_every, done, want_stop)
+                if improved:
+                    names.append(f"{base}_best.weights")
+                if done:
+                    set_size(base_size, "the cfg's size, for the final weights")
                 if names:
                     bad = _bad_params(net)
                     if bad is not None:
                         raise TrainingError(_nan_message(k, math.nan, f"{bad} (after the update)", last_ckpt))
                     for name in names:
-                        written = os.path.join(backup_dir, name)
-                        save_checkpoint(net, written, ckpt_meta(k))
-                    last_ckpt = (written, k)
+                        path = os.path.join(backup_dir, name)
+                        save_checkpoint(net, path, ckpt_meta(k))
+                        if name.endswith("_best.weights"):
+                            best_written = path
+                        else:
+                            written = path
+                            last_ckpt = (path, k)
                     draw()
                 if want_stop and not done:
                     interrupted = True
@@ -569,7 +683,9 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
         if bad_labels:
             dataset.write_bad_labels(os.path.join(backup_dir, "bad_label.list"))
     result = TrainResult(cfg, backup_dir, start, k, max_batches, written, interrupted,
-                         time.perf_counter() - t_start, log_path, chart_path, records)
+                         time.perf_counter() - t_start, log_path, chart_path, records,
+                         map=None if interrupted else final_map,
+                         best_map=best_map if calc_map else None, best=best_written, sizes=size_changes)
     if evaluate and not interrupted and dc.valid and not is_detector(net):
         result.accuracy = evaluate_classifier(net, dc, read_image_list(dc.valid, "valid", data_path))
     return result

@@ -257,10 +257,12 @@ def _conv_response(layer, x: np.ndarray, w: np.ndarray, rng, samples: int = 16) 
     rows = oy[:, None] * sy + np.arange(k)[None, :] * dil                  # (P, k)
     cols = ox[:, None] * sx + np.arange(k)[None, :] * dil
     patches = xp[:, rows[:, :, None], cols[:, None, :]]                   # (c, P, k, k)
-    patches = patches.transpose(1, 0, 2, 3).reshape(len(pos), groups, -1).transpose(1, 0, 2)  # (g, P, K)
+    patches = patches.reshape(groups, -1, len(pos), k * k).transpose(0, 1, 3, 2)   # (g, c/g, k*k, P)
+    patches = np.ascontiguousarray(patches.reshape(groups, -1, len(pos)))         # (g, K, P)
     n = w.shape[0]
-    wg = w.reshape(groups, n // groups, -1).transpose(0, 2, 1)            # (g, K, n/g)
-    return np.matmul(patches, wg).transpose(1, 0, 2).reshape(len(pos), n).astype(np.float64)
+    wg = w.reshape(groups, n // groups, -1)                                        # (g, n/g, K)
+    z = np.concatenate([wg[g] @ patches[g] for g in range(groups)])               # (n, P)
+    return z.T.astype(np.float64)
 
 
 def _fill_normalised(arrays, z_fn, n: int, rng, bn_first: bool) -> None:
@@ -269,7 +271,8 @@ def _fill_normalised(arrays, z_fn, n: int, rng, bn_first: bool) -> None:
         biases, bn, weights = arrays[0], arrays[1:-1], arrays[-1]
     else:            # connected: biases, weights, [scales, mean, var]
         biases, weights, bn = arrays[0], arrays[1], arrays[2:]
-    rng.standard_normal(dtype=weights.dtype, out=weights)
+    rng.random(dtype=weights.dtype, out=weights)        # uniform, centred below: fast, zero mean
+    weights -= weights.dtype.type(0.5)
     z = z_fn(weights)                                                     # (P, n) float64
     # One scale for the whole layer (a per-filter one would amplify whatever a filter barely sees in
     # this input, and with it rounding noise); per-filter centring only shifts, it adds no gain.

@@ -127,6 +127,24 @@ def darknet_shapes(doc) -> list[tuple | None]:
                 new = (c // (s * s), h * s, w * s)
             else:
                 new = (c * s * s, h // s, w // s)
+        elif kind in ("rnn", "gru", "lstm"):
+            new = (_i(o, "output", 1),)
+        elif kind == "crnn":           # upstream: output_filters, fixed 3x3/1 pad 1; fork: output, size, pad
+            c, h, w = shape
+            size, stride = _i(o, "size", 3), _i(o, "stride", 1)
+            pad = size // 2 if _i(o, "pad", 1) else _i(o, "padding", 0)
+            filters = _i(o, "output_filters", _i(o, "output", 1))
+            new = (filters, (h + 2 * pad - size) // stride + 1, (w + 2 * pad - size) // stride + 1)
+        elif kind == "local":
+            c, h, w = shape
+            size, stride = _i(o, "size", 1), _i(o, "stride", 1)
+            k = 1 if _i(o, "pad", 0) else size
+            new = (_i(o, "filters", 1), (h - k) // stride + 1, (w - k) // stride + 1)
+        elif kind in ("deconvolutional", "deconv"):
+            c, h, w = shape
+            size, stride = _i(o, "size", 1), _i(o, "stride", 1)
+            pad = size // 2 if _i(o, "pad", 0) else _i(o, "padding", 0)
+            new = (_i(o, "filters", 1), (h - 1) * stride + size - 2 * pad, (w - 1) * stride + size - 2 * pad)
         elif kind == "crop":
             new = (shape[0], _i(o, "crop_height", 1), _i(o, "crop_width", 1))
         elif kind == "yolo":

@@ -627,11 +627,14 @@ def test_cfg_base_follows_darknet():
 def test_configure_threads_sets_numba_threads_and_passive_openmp(monkeypatch):
     import numba
 
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     before = numba.get_num_threads()
     try:
         assert T.configure_threads(1) == 1 and numba.get_num_threads() == 1
-        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+        # the passive OpenMP wait policy is set when darkpy.kernels is imported (unless already set)
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        out = subprocess.run([sys.executable, "-c", "import os, darkpy.kernels; print(os.environ['OMP_WAIT_POLICY'])"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
+        assert out.strip() == "PASSIVE"
         assert T.configure_threads(0) == numba.config.NUMBA_NUM_THREADS
         assert T.configure_threads(10_000) == numba.config.NUMBA_NUM_THREADS
     finally:

@@ -163,9 +163,10 @@ class ConvolutionalLayer(Layer):
         self.pre = np.zeros_like(self.output) if act.needs_input(self.act) else np.zeros((0,), self.dtype)
         self.xnorm = np.zeros_like(self.output) if self.bn else np.zeros((0,), self.dtype)
         rows, cols = self.col_shape
-        self.chunk = ic.chunk_items(rows * cols, batch)
-        self.wgrad_tmp = np.zeros((self.chunk, self.n // self.groups, rows), self.dtype)
-        ic.reserve(self.chunk * rows * cols, self.dtype)
+        ng = self.n // self.groups
+        self.chunk = ic.chunk_items(rows * cols + ng * cols, batch)
+        self.wgrad_tmp = np.zeros((ng, rows), self.dtype)
+        ic.reserve(self.chunk * (rows + ng) * cols, self.dtype)
         self._trained = False
 
     def extra_buffers(self) -> list[np.ndarray]:
@@ -179,16 +180,24 @@ class ConvolutionalLayer(Layer):
 
     # -- compute --------------------------------------------------------------------------------
     def _columns(self, xg: np.ndarray) -> np.ndarray:
-        """The column matrices (items, c/g·k·k, oh·ow) of the input chunk xg (items, c/g, h, w):
-        a view of xg itself for 1x1 stride-1 unpadded layers, else unrolled into the workspace."""
+        """The column matrix (c/g·k·k, items·oh·ow) of the input chunk xg (items, c/g, h, w), items
+        side by side: a view of xg itself for one item of a 1x1 stride-1 unpadded layer, else
+        unrolled into the start of the workspace."""
         nb, cg = xg.shape[:2]
-        if self.is_gemm_only:
-            return xg.reshape(nb, cg, -1)
-        col = ic.get((nb, *self.col_shape), self.dtype)
+        if nb == 1 and self.is_gemm_only:
+            return xg.reshape(cg, -1)
+        rows, cols = self.col_shape
+        col = ic.get((rows, nb * cols), self.dtype)
         _, oh, ow = self.out_shape
-        ic.im2col(col, xg, self.size, self.stride_y, self.stride_x, self.padding * self.dilation,
-                  self.dilation, oh, ow)
+        ic.im2col_wide(col, xg, self.size, self.stride_y, self.stride_x,
+                       self.padding * self.dilation, self.dilation, oh, ow)
         return col
+
+    def _rows(self, nb: int) -> np.ndarray:
+        """The workspace after the column matrix, (n/g, nb·oh·ow): a chunk's output or delta with
+        its items side by side (the GEMM's layout)."""
+        rows, cols = self.col_shape
+        return ic.get((self.n // self.groups, nb * cols), self.dtype, offset=rows * nb * cols)
 
     def _chunks(self):
         """(item slice, group index, input-channel slice, filter slice) for every GEMM block."""
@@ -200,12 +209,21 @@ class ConvolutionalLayer(Layer):
                        slice(j * ng, (j + 1) * ng))
 
     def forward(self, s: State) -> None:
+        """One 2-D GEMM per chunk and group, `W_g @ col`, straight into the output for a single
+        item, else into the workspace and then reordered batch-major; then the fused pass."""
         _, oh, ow = self.out_shape
         x = s.input.reshape(self.batch, *self.in_shape)
         y = self.output.reshape(self.batch, self.n, oh * ow)
         wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
         for items, j, cin, fout in self._chunks():
-            np.matmul(wmat[j], self._columns(x[items, cin]), out=y[items, fout])
+            col = self._columns(x[items, cin])
+            yg = y[items, fout]
+            if yg.shape[0] == 1:
+                np.matmul(wmat[j], col, out=yg[0])
+            else:
+                out = self._rows(yg.shape[0])
+                np.matmul(wmat[j], col, out=out)
+                ic.rows_to_items(yg, out)
         self._trained = s.train
         if self.bn is None:
             bnk.bias_act_forward(y, self.pre.reshape(y.shape) if self.pre.size else y,
@@ -228,24 +246,24 @@ class ConvolutionalLayer(Layer):
         prev = s.delta.reshape(self.batch, *self.in_shape) if s.delta is not None else None
         wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
         wgrad = self.weights.grad.reshape(wmat.shape)
+        rows, cols = self.col_shape
         for items, j, cin, fout in self._chunks():
             dg = d[items, fout]
             nb = dg.shape[0]
+            if nb == 1:
+                dm = dg[0]
+            else:
+                dm = self._rows(nb)
+                ic.im2col_wide(dm, dg.reshape(nb, -1, oh, ow), 1, 1, 1, 0, 1, oh, ow)
             col = self._columns(x[items, cin])
-            tmp = self.wgrad_tmp[:nb]
-            np.matmul(dg, col.transpose(0, 2, 1), out=tmp)
-            for i in range(nb):
-                wgrad[j] += tmp[i]
+            np.matmul(dm, col.T, out=self.wgrad_tmp)
+            wgrad[j] += self.wgrad_tmp
             if prev is None:
                 continue
-            dcol = ic.get((nb, *self.col_shape), self.dtype)
-            np.matmul(wmat[j].T, dg, out=dcol)
-            pg = prev[items, cin]
-            if self.is_gemm_only:
-                pg += dcol.reshape(pg.shape)
-            else:
-                ic.col2im_add(pg, dcol, self.size, self.stride_y, self.stride_x,
-                              self.padding * self.dilation, self.dilation, oh, ow)
+            dcol = ic.get((rows, nb * cols), self.dtype)     # the columns are used up: reuse them
+            np.matmul(wmat[j].T, dm, out=dcol)
+            ic.col2im_wide_add(prev[items, cin], dcol, self.size, self.stride_y, self.stride_x,
+                               self.padding * self.dilation, self.dilation, oh, ow)
 
     # -- file layout, summary ---------------------------------------------------------------------
     def weight_arrays(self) -> list[np.ndarray]:
