@@ -110,7 +110,8 @@ class DarkpyRunner:
         t0 = time.perf_counter()
         self.net.forward(self.x)
         took = time.perf_counter() - t0
-        picks = range(len(self.net.layers)) if all_layers else self.heads
+        picks = range(len(self.net.layers)) if all_layers else check_picks(
+            [l.kind for l in self.net.layers], self.heads)
         np.savez(out, **{str(i): self.net.layers[i].output.reshape(len(self.x), -1) for i in picks})
         reply = {"heads": self.heads, "s": took}
         if self.truth is not None:
@@ -197,10 +198,11 @@ class TorchRunner:
         self.model.eval()
         t0 = time.perf_counter()
         with torch.no_grad():
-            outs = self.model(self.x, keep_all=all_layers)
+            outs = self.model(self.x, keep_all=True)
         took = time.perf_counter() - t0
-        picks = range(len(outs)) if all_layers else self.model.heads
-        np.savez(out, **{str(i): o.contiguous().reshape(len(self.x), -1).numpy() for i, o in zip(picks, outs)})
+        picks = range(len(outs)) if all_layers else check_picks([st.kind for st in self.model.steps],
+                                                                self.model.heads)
+        np.savez(out, **{str(i): outs[i].contiguous().reshape(len(self.x), -1).numpy() for i in picks})
         reply = {"heads": self.model.heads, "s": took}
         if self.labels is not None:
             self.model.train()
@@ -217,6 +219,25 @@ class TorchRunner:
             fwd = [self.model.forward_timed(self.x) for _ in range(n)]
         return {"fwd": np.median(np.array(fwd), 0).tolist(), "bwd": None, "update": 0.0,
                 "s": (time.perf_counter() - t0) / n}
+
+
+def check_picks(kinds: list[str], heads: list[int]) -> list[int]:
+    """The outputs compared at the larger batches: the heads, and the logits feeding a softmax head
+    (a saturated softmax alone would hide differences)."""
+    return sorted(set(heads) | {h - 1 for h in heads if kinds[h] == "softmax" and h > 0})
+
+
+def sgemm_rate(n: int = 1024, reps: int = 3) -> float:
+    """numpy's float32 GEMM rate now, in GFLOP/s (best of `reps`): what BLAS gets under the current
+    machine load, measured beside the samples it is compared with."""
+    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    c = np.empty_like(a)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.matmul(a, a, out=c)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best / 1e9
 
 
 def peak_rss_mb() -> float:
@@ -253,6 +274,8 @@ def worker_main(kind: str) -> None:
                 for _ in range(msg["n"]):
                     runner.op()
                 reply = {"s": (time.perf_counter() - t0) / msg["n"]}
+            elif op == "sgemm":
+                reply = {"gflops": sgemm_rate()}
             elif op == "rss":
                 reply = {"maxrss_mb": peak_rss_mb()}
                 if hasattr(runner, "buffers"):
@@ -532,7 +555,8 @@ class Phase:
 
     def time(self) -> None:
         """Warm up (the check already ran every inference kernel once), size the samples so each
-        lasts >= min_sample_s, then alternate rounds. The last round also times every layer (a clock
+        lasts >= min_sample_s, then alternate rounds, each after a short sgemm in darkpy's process
+        (the BLAS rate available under the load of that moment). The last round also times every layer (a clock
         read per layer): for a slow op that instrumented op is the round's sample; fast ops take
         their sample as usual and then as many instrumented ops for per-layer medians."""
         inner, warm = {}, {}
@@ -550,9 +574,13 @@ class Phase:
         rounds = max(1, min(self.opts.reps, int(self.opts.budget_s // max(per_round, 1e-6))))
         self.samples: dict[str, list[float]] = {k: [] for k in self.workers}
         self.tables: dict[str, dict] = {}
+        self.sgemm: list[float] = []
         order = list(self.workers)
         for r in range(rounds):
             last = r == rounds - 1
+            reply = self._ask("darkpy", "sgemm") if "darkpy" in self.workers else None
+            if reply:
+                self.sgemm.append(reply["gflops"])
             for kind in order[r % len(order):] + order[:r % len(order)]:
                 if kind not in self.workers:
                     continue
@@ -574,6 +602,8 @@ class Phase:
         """Medians, the peer and the ratio, per-layer tables, GFLOP/s and peak memory."""
         result, prep, batch = self.result, self.prep, self.batch
         flops = prep.flops * batch * (3 if self.mode == "train" else 1)
+        if self.sgemm:
+            result["sgemm_gflops"] = statistics.median(self.sgemm)
         timed = [k for k in self.workers if self.samples.get(k)]
         for kind in timed:
             c = result["contenders"][kind]

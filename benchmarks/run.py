@@ -6,7 +6,8 @@
     python -m benchmarks.run --layers cfg/x.cfg # any cfg, with a per-layer timing table per phase
 
 Writes benchmarks/results/latest.json and latest.md (git-ignored); `--publish` also writes the
-Markdown to benchmarks/RESULTS.md, the committed table the README points to.
+Markdown to benchmarks/RESULTS.md, the committed table the README points to. `--render JSON`
+re-writes the Markdown of saved results without measuring.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ SUITE = [
             "2 subdivisions: 64 takes minutes per step on 2 cores)"),
     NetSpec("yolov3-tiny", PJ / "yolov3-tiny.cfg", 416, None, "416x416, inference (heads compared)"),
     NetSpec("resnet50", PJ / "resnet50.cfg", 224, None, "224x224, inference"),
-    NetSpec("shapes", ROOT / "cfg" / "shapes.cfg", None, None, "the bundled detector, inference", optional=True),
+    NetSpec("shapes-tiny", ROOT / "cfg" / "shapes-tiny.cfg", None, None, "the bundled detector, 128x128, inference",
+            optional=True),
 ]
 #: --quick: training batches small enough that the whole suite takes a few minutes.
 QUICK_TRAIN_BATCH = {"cifar": 32, "darknet19": 4}
@@ -84,14 +86,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="folder for the results")
     ap.add_argument("--publish", action="store_true", help="also write benchmarks/RESULTS.md")
     ap.add_argument("--keep-temp", action="store_true", help="keep the temporary folder (weights, outputs)")
+    ap.add_argument("--render", type=Path, metavar="JSON",
+                    help="measure nothing: write the Markdown of a saved results file (with --publish too)")
     args = ap.parse_args(argv)
+    if args.render:
+        return render(args.render, args.out, args.publish)
 
     specs = pick_networks(args.networks, args.quick, args.train_batch)
     opts = Options(threads=args.threads, reps=args.reps or (2 if args.quick else 5),
                    budget_s=15.0 if args.quick else 60.0, min_sample_s=0.1 if args.quick else 0.3,
                    infer_batch=args.batch or (QUICK_INFER_BATCH if args.quick else 64))
     command = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
-    results = {"command": command.strip(), "machine": engine.machine_info(args.threads), "networks": []}
+    results = {"command": command.strip(), "machine": engine.machine_info(args.threads), "networks": [],
+               "check_logits": True}   # larger batches also compare the logits under a softmax head
     t_start = time.perf_counter()
     try:
         print(f"sgemm peak at {args.threads} threads ...", file=sys.stderr, flush=True)
@@ -126,13 +133,23 @@ def main(argv: list[str] | None = None) -> int:
     results["wall_s"] = time.perf_counter() - t_start
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latest.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    write_markdown(results, args.out, args.publish)
+    print(f"wrote {args.out / 'latest.json'} and latest.md ({results['wall_s']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+def write_markdown(results: dict, out: Path, publish: bool) -> None:
     md = report.markdown(results)
-    (args.out / "latest.md").write_text(md)
-    if args.publish:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latest.md").write_text(md)
+    if publish:
         (ROOT / "benchmarks" / "RESULTS.md").write_text(md)
         publish_summary(results)
     print(md)
-    print(f"wrote {args.out / 'latest.json'} and latest.md ({results['wall_s']:.0f} s)", file=sys.stderr)
+
+
+def render(path: Path, out: Path, publish: bool) -> int:
+    write_markdown(json.loads(path.read_text()), out, publish)
     return 0
 
 

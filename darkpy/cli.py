@@ -155,7 +155,8 @@ def predict(cfg, weights, images, data, top, as_json):
     from .train import configure_threads, predict as run_predict
 
     configure_threads(_settings().threads)
-    preds = run_predict(cfg, weights, images, data=data, top=top)
+    preds = run_predict(cfg, weights, images, data=data, top=top,
+                        notify=lambda message: click.echo(message, err=True))
     if as_json:
         click.echo(json.dumps([p.as_dict() for p in preds], indent=1))
         return

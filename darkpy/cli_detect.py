@@ -24,8 +24,12 @@ def _load_detector(cfg: str, weights: str, batch: int = 1):
     from .errors import WeightsError
     from .network import load_network
 
+    from .train import COMPILING_NOTICE, kernels_need_compiling
+
     net = load_network(cfg, batch=batch)
     detection_heads(net)
+    if kernels_need_compiling(net):
+        click.echo(COMPILING_NOTICE, err=True)
     try:
         net.load_weights(weights)
     except WeightsError as e:

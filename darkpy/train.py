@@ -40,6 +40,7 @@ from .settings import Settings, load_settings
 SAVE_LAST = 100          # Darknet (AlexeyAB): `_last.weights` every 100 iterations
 SAVE_WEIGHTS = 1000      # and `_<N>.weights` every 1000
 STATE_VERSION = 1
+COMPILING_NOTICE = "First run: compiling numba kernels (cached afterwards, so later runs start fast)"
 
 
 # -- names and files ---------------------------------------------------------------------------------
@@ -592,7 +593,7 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
         progress.message(f"mAP@0.5 on {dc.valid} ({len(valid_paths)} images) every {map_every} iterations "
                          f"and at the end; the best weights go to {base}_best.weights")
     if kernels_need_compiling(net):
-        progress.message("First run: compiling numba kernels (cached afterwards, so later runs start fast)")
+        progress.message(COMPILING_NOTICE)
     progress.message(f"Training {cfg} on {dc.train} ({len(train_paths)} images), {B} images per iteration "
                      f"({net.config.subdivisions} x {net.batch}), iterations {start + 1}..{max_batches}, "
                      f"seed {seed}; checkpoints in {backup_dir}/")
@@ -813,10 +814,13 @@ def validate(cfg, weights, data=None, settings: Settings | None = None) -> Valid
     return evaluate_classifier(net, dc, read_image_list(dc.valid, "valid", data_path))
 
 
-def _load_for_inference(cfg, weights):
+def _load_for_inference(cfg, weights, notify=None):
+    """Build the net at batch 1 and load `weights`; `notify(message)` hears about kernel compiling."""
     from .network import load_network
 
     net = load_network(cfg, batch=1)
+    if notify is not None and kernels_need_compiling(net):
+        notify(COMPILING_NOTICE)
     try:
         net.load_weights(weights)
     except WeightsError as e:
@@ -834,11 +838,12 @@ class Prediction:
                 "predictions": [{"index": i, "label": n, "probability": p} for i, n, p in self.top]}
 
 
-def predict(cfg, weights, images: Sequence[str], data=None, top: int | None = None) -> list[Prediction]:
+def predict(cfg, weights, images: Sequence[str], data=None, top: int | None = None,
+            notify=None) -> list[Prediction]:
     """`darkpy predict`: the top classes of each image (resized to the network's input)."""
     from . import images as im
 
-    net = _load_for_inference(cfg, weights)
+    net = _load_for_inference(cfg, weights, notify)
     if is_detector(net):
         raise DarkpyError(f"{cfg}: `predict` shows classifier labels; this network is a detector: "
                           f"use `darkpy detect`")

@@ -1,14 +1,16 @@
 """`[convolutional]` / `[conv]`: 2-D convolution with optional batch norm (spec §2.1, §5).
 
-Forward, per batch item and group: im2col into the shared workspace, then one GEMM
-`W_g (n/g, c/g·k·k) @ col (c/g·k·k, oh·ow)` straight into the output; a 1x1 stride-1 unpadded
-convolution skips im2col (its input already is the column matrix). Then ONE fused pass adds the
+Forward, per chunk of batch items and group: im2col with the items side by side into the shared
+workspace, then ONE 2-D GEMM `W_g (n/g, c/g·k·k) @ col (c/g·k·k, items·oh·ow)`, reordered into the
+batch-major output (a single item needs no reordering, and a single item of a 1x1 stride-1 unpadded
+convolution skips im2col: its input already is the column matrix). Then ONE fused pass adds the
 bias or applies batch norm (whose β is `biases`), and the activation.
 
 Backward: one fused pass turns `delta` (gradient w.r.t. the activated output) into the gradient w.r.t.
 the raw product, accumulating bias / BN-scale gradients; it is left in `delta` afterwards, as Darknet
-leaves it (the reference dumps call it `delta_out`). Then per item and group, the weight gradient
-`+= delta_g @ colᵀ` and the input gradient `col2im(W_gᵀ @ delta_g)` is ADDED into the previous delta.
+leaves it (the reference dumps call it `delta_out`). Then per chunk and group, with the chunk's items
+side by side as in the forward pass, the weight gradient `+= delta_g @ colᵀ` (one GEMM) and the input
+gradient `col2im(W_gᵀ @ delta_g)` is ADDED into the previous delta.
 # darknet: pjreddie's CPU 1x1 convolution overwrites the previous delta (GEMM beta=0), losing other
 # consumers' gradients; darkpy always adds (as cuDNN and AlexeyAB do).
 
@@ -160,14 +162,25 @@ class ConvolutionalLayer(Layer):
 
     def allocate(self, batch: int) -> None:
         super().allocate(batch)
-        self.pre = np.zeros_like(self.output) if act.needs_input(self.act) else np.zeros((0,), self.dtype)
-        self.xnorm = np.zeros_like(self.output) if self.bn else np.zeros((0,), self.dtype)
+        # training-only copies of the output: allocated by the first training forward (inference at
+        # batch 64 would otherwise carry up to twice the activations for nothing)
+        self.pre = np.zeros((0,), self.dtype)
+        self.xnorm = np.zeros((0,), self.dtype)
         rows, cols = self.col_shape
         ng = self.n // self.groups
         self.chunk = ic.chunk_items(rows * cols + ng * cols, batch)
         self.wgrad_tmp = np.zeros((ng, rows), self.dtype)
         ic.reserve(self.chunk * (rows + ng) * cols, self.dtype)
         self._trained = False
+
+    def _allocate_training(self) -> None:
+        """The buffers only backward needs, sized by the last allocate(): the pre-activation
+        (swish/mish/...) and BN's x̂. Called by a training forward; allocates only the first time
+        after allocate() (which drops them, so nothing is stale after resize/set_batch)."""
+        if act.needs_input(self.act) and self.pre.size != self.output.size:
+            self.pre = np.zeros_like(self.output)
+        if self.bn and self.xnorm.size != self.output.size:
+            self.xnorm = np.zeros_like(self.output)
 
     def extra_buffers(self) -> list[np.ndarray]:
         return [self.pre, self.xnorm, self.wgrad_tmp]
@@ -189,7 +202,7 @@ class ConvolutionalLayer(Layer):
         rows, cols = self.col_shape
         col = ic.get((rows, nb * cols), self.dtype)
         _, oh, ow = self.out_shape
-        ic.im2col_wide(col, xg, self.size, self.stride_y, self.stride_x,
+        ic.im2col_wide(col.reshape(rows, nb, cols), xg, self.size, self.stride_y, self.stride_x,
                        self.padding * self.dilation, self.dilation, oh, ow)
         return col
 
@@ -223,11 +236,14 @@ class ConvolutionalLayer(Layer):
             else:
                 out = self._rows(yg.shape[0])
                 np.matmul(wmat[j], col, out=out)
-                ic.rows_to_items(yg, out)
+                ic.rows_to_items(yg, out.reshape(out.shape[0], yg.shape[0], -1))
         self._trained = s.train
+        if s.train:
+            self._allocate_training()
+        keep_pre = s.train and self.pre.size > 0
         if self.bn is None:
-            bnk.bias_act_forward(y, self.pre.reshape(y.shape) if self.pre.size else y,
-                                 self.biases.value, self.act, self.pre.size > 0)
+            bnk.bias_act_forward(y, self.pre.reshape(y.shape) if keep_pre else y,
+                                 self.biases.value, self.act, keep_pre)
         elif s.train:
             bn = self.bn
             bnk.bn_act_forward_train(y, self.xnorm.reshape(y.shape), bn.mean, bn.variance,
@@ -254,7 +270,8 @@ class ConvolutionalLayer(Layer):
                 dm = dg[0]
             else:
                 dm = self._rows(nb)
-                ic.im2col_wide(dm, dg.reshape(nb, -1, oh, ow), 1, 1, 1, 0, 1, oh, ow)
+                ic.im2col_wide(dm.reshape(-1, nb, cols), dg.reshape(nb, -1, oh, ow), 1, 1, 1, 0, 1,
+                               oh, ow)
             col = self._columns(x[items, cin])
             np.matmul(dm, col.T, out=self.wgrad_tmp)
             wgrad[j] += self.wgrad_tmp
@@ -262,8 +279,9 @@ class ConvolutionalLayer(Layer):
                 continue
             dcol = ic.get((rows, nb * cols), self.dtype)     # the columns are used up: reuse them
             np.matmul(wmat[j].T, dm, out=dcol)
-            ic.col2im_wide_add(prev[items, cin], dcol, self.size, self.stride_y, self.stride_x,
-                               self.padding * self.dilation, self.dilation, oh, ow)
+            ic.col2im_wide_add(prev[items, cin], dcol.reshape(rows, nb, cols), self.size,
+                               self.stride_y, self.stride_x, self.padding * self.dilation,
+                               self.dilation, oh, ow)
 
     # -- file layout, summary ---------------------------------------------------------------------
     def weight_arrays(self) -> list[np.ndarray]:
@@ -290,6 +308,8 @@ def backward_bias_bn_act(layer, d: np.ndarray, y: np.ndarray) -> None:
     """Shared by conv and connected: turn `d` (B, C, S), the gradient w.r.t. the activated output,
     into the gradient w.r.t. the raw product, in place, accumulating bias (and BN scale) gradients."""
     if layer.bn is None:
+        if act.needs_input(layer.act) and not layer._trained:
+            raise layer.error(f"{layer.activation} backward needs a training-mode forward first")
         bnk.bias_act_backward(d, y, layer.pre.reshape(d.shape) if layer.pre.size else y,
                               layer.biases.grad, layer.act)
         return
