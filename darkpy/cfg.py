@@ -455,11 +455,12 @@ def parse_yaml(text: str, file: str = "<yaml>") -> CfgDocument:
     import yaml
 
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         why = " ".join(str(getattr(e, "problem", None) or e).split())   # one line, always
         raise CfgError(f"invalid YAML ({why})", file, mark.line + 1 if mark else None) from None
+    constructor = yaml.SafeLoader("")      # builds Python values from the composed nodes
     if root is None or not isinstance(root, yaml.SequenceNode):
         raise CfgError("a YAML network is a list of sections, e.g. '- net: {batch: 1}'", file,
                        root.start_mark.line + 1 if root is not None else None)
@@ -485,16 +486,24 @@ def parse_yaml(text: str, file: str = "<yaml>") -> CfgDocument:
                 if key in sec.options:
                     raise CfgError("duplicate key", file, kline, index, kind, key)
                 try:
-                    value = yaml.safe_load(yaml.serialize(vn))
-                except yaml.YAMLError:
-                    value = vn.value
-                if isinstance(value, dict) or value is None or value == "":
+                    value = constructor.construct_object(vn, deep=True)
+                except yaml.YAMLError:      # e.g. a recursive alias
+                    value = None
+                if not _plain_value(value):
                     raise CfgError("a value must be a number, a string or a list", file, kline, index, kind, key)
                 sec.options[key] = Option(key, _scalar_text(value), kline)
         sections.append(sec)
     if not sections:
         raise CfgError("the file has no sections", file)
     return CfgDocument(_cfg_lines(sections), sections, file, from_yaml=True)
+
+
+def _plain_value(value: Any) -> bool:
+    """A YAML value that has a cfg spelling: a non-empty scalar, or a non-empty list of scalars."""
+    scalar = (bool, int, float, str)
+    if isinstance(value, list):
+        return bool(value) and all(isinstance(v, scalar) and v != "" for v in value)
+    return isinstance(value, scalar) and value != ""
 
 
 def _cfg_lines(sections: list[Section]) -> list[str]:

@@ -340,7 +340,7 @@ def test_yaml_network_loads_like_the_cfg(tmp_path):
     parse_cfg(text, str(tmp_path / "n.cfg")).write(tmp_path / "n.yaml")
     a = load_network(tmp_path / "n.cfg")
     b = load_network(tmp_path / "n.yaml")
-    assert [(l.kind, l.out_shape) for l in a.layers] == [(l.kind, l.out_shape) for l in b.layers]
+    assert [(x.kind, x.out_shape) for x in a.layers] == [(y.kind, y.out_shape) for y in b.layers]
     x = np.random.default_rng(0).random((1, 2, 8, 8), dtype=np.float32)
     np.testing.assert_array_equal(a.predict(x), b.predict(x))
 
@@ -354,9 +354,15 @@ def test_yaml_errors_are_located():
     assert err("net: {}\n") == "n.yaml:1: a YAML network is a list of sections, e.g. '- net: {batch: 1}'"
     assert err("") == "n.yaml: a YAML network is a list of sections, e.g. '- net: {batch: 1}'"
     assert err("- maxpool: {}\n") == "n.yaml:1: the first section must be net or network (got maxpool)"
-    assert err("- net: {}\n- maxpool: 3\n") == "n.yaml:2 [section #0 maxpool]: section options must be a mapping of key: value"
+    assert err("- net: {}\n- maxpool: 3\n") == \
+        "n.yaml:2 [section #0 maxpool]: section options must be a mapping of key: value"
     assert err("- net:\n    a: 1\n    a: 2\n") == "n.yaml:3 [net] a: duplicate key"
     assert err("- net:\n    a: {b: 1}\n") == "n.yaml:2 [net] a: a value must be a number, a string or a list"
+    assert err("- net: {a: [[1, 2], [3]]}\n") == "n.yaml:1 [net] a: a value must be a number, a string or a list"
+    assert err("- net: {a: &r [*r]}\n") == "n.yaml:1 [net] a: a value must be a number, a string or a list"
+    assert err("- net: {a: 2001-01-01}\n") == "n.yaml:1 [net] a: a value must be a number, a string or a list"
+    # reader errors (control characters) are one line too; their wording depends on libyaml
+    assert err("\x1f").startswith("n.yaml") and "invalid YAML (unacceptable character #x001f" in err("\x1f")
     assert err("- net: {}\n  maxpool: {}\n") == "n.yaml:1: each list item must be one mapping 'type: {key: value}'"
     assert err("- net: [\n").startswith("n.yaml:2: invalid YAML (")
 

@@ -364,3 +364,33 @@ def test_flipped_transposes_after_load(tmp_path):
     path.write_bytes(np.array([0, 2, 0], "<i4").tobytes() + np.zeros(1, "<u8").tobytes() + body.tobytes())
     net.load_weights(path)
     assert_close(layer.weights.value.reshape(3, 2), stored.T, 0, 0, "flipped")
+
+
+@pytest.mark.parametrize("size,stride,pad,groups,batch", [(3, 2, 1, 2, 3), (1, 1, 0, 1, 4), (3, 1, 1, 1, 1)])
+def test_wide_gemm_path_matches_stacked(monkeypatch, size, stride, pad, groups, batch):
+    """Items side by side in one GEMM (big layers) give the stacked per-item GEMM's forward,
+    parameter gradients and input delta."""
+    from darkpy.layers import convolutional as convmod
+
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, (batch, 4, 7, 6))
+    dy = None
+    results = []
+    for threshold in (1 << 62, 0):
+        monkeypatch.setattr(convmod, "WIDE_MIN_MACS", threshold)
+        layer = convmod.ConvolutionalLayer(0, (4, 7, 6), 6, size, stride, stride, pad, groups,
+                                           batch_normalize=True, activation="swish", dtype=np.float64)
+        layer.init_weights(np.random.default_rng(1))
+        layer.allocate(batch)
+        assert layer.wide == (threshold == 0 and batch > 1)
+        prev = np.zeros_like(x)
+        s = State(input=x, delta=prev, truth=None, train=True, layers=[])
+        layer.forward(s)
+        if dy is None:
+            dy = rng.uniform(-1, 1, layer.output.shape)
+        layer.delta[...] = dy
+        layer.backward(s)
+        results.append([layer.output.copy(), layer.weights.grad.copy(), layer.biases.grad.copy(),
+                        layer.bn.scales.grad.copy(), prev])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)

@@ -250,8 +250,8 @@ def test_parse_yaml_random_structures(items):
 
 
 def test_yaml_recursive_alias_is_an_error_not_a_crash():
-    only_darkpy_errors(parse_yaml, "- &a [*a]\n", "f.yaml")
-    only_darkpy_errors(parse_yaml, "- net: &a {x: *a}\n", "f.yaml")
+    for text in ("- &a [*a]\n", "- net: &a {x: *a}\n", "- net: {x: &b [*b]}\n", "- net: {x: &b [1, [*b]]}\n"):
+        assert isinstance(only_darkpy_errors(parse_yaml, text, "f.yaml"), DarkpyError)
 
 
 @settings(max_examples=40, deadline=None)
