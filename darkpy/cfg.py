@@ -9,8 +9,8 @@ Darknet's own reader (spec §1) is followed where it is sound: whitespace inside
 `[net]`/`[network]` must come first, negative layer references are relative. Where Darknet silently
 misreads, darkpy is stricter or kinder, on purpose:
 - CRLF line ends, a UTF-8 BOM and inline `#`/`;` comments are accepted (Darknet chokes or misreads);
-- a value that is not a number, a key with no value, a duplicate key and a key before any section
-  are errors (Darknet uses atoi's 0, the first duplicate, or crashes).
+- a value that is not a number, a key with no value, a key set twice to different values and a key
+  before any section are errors (the same value twice is a warning) (Darknet uses atoi's 0, the first duplicate, or crashes).
 """
 from __future__ import annotations
 
@@ -374,9 +374,15 @@ def parse_cfg(text: str | bytes, file: str = "<cfg>") -> CfgDocument:
         if not value:
             raise CfgError("missing value after '='", file, n, sec.index, sec.kind, key)
         if key in sec.options:
-            first = sec.options[key].line
-            raise CfgError(f"duplicate key (first set on line {first}; darknet would silently use the first)",
-                           file, n, sec.index, sec.kind, key)
+            first = sec.options[key]
+            if first.value != value:
+                raise CfgError(f"duplicate key with a different value (got {value!r}, first set to "
+                               f"{first.value!r} on line {first.line}; darknet would silently use the first)",
+                               file, n, sec.index, sec.kind, key)
+            # the same value twice (e.g. "# Testing" and "# Training" blocks both left active): harmless
+            warnings.warn(CfgError(f"duplicate key, same value as line {first.line}; the first is used",
+                                   file, n, sec.index, sec.kind, key).format(), CfgWarning, stacklevel=2)
+            continue
         sec.options[key] = Option(key, value, n)
     if not sections:
         raise CfgError("the file has no sections (expected [net] first)", file)

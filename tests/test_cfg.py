@@ -67,10 +67,7 @@ NET = "[net]\nwidth=8\nheight=8\nchannels=2\n"          # lines 1-4; the first l
 
 # Shipped cfgs that repeat a [net] key ("# Testing" and "# Training" blocks both left active); darkpy
 # rejects duplicate keys, Darknet silently takes the first (see test_shared_cfgs.py).
-DUPLICATE_KEY_CFGS = {
-    "pjreddie/yolo9000.cfg": 8, "alexeyab/yolo9000.cfg": 8,
-    "pjreddie/yolov3-openimages.cfg": 6, "alexeyab/yolov3-openimages.cfg": 6,
-}
+DUPLICATE_KEY_CFGS = {"pjreddie/yolov3-openimages.cfg": 6, "alexeyab/yolov3-openimages.cfg": 6}
 
 
 @pytest.mark.parametrize("name", cfg_ids())
@@ -78,7 +75,7 @@ def test_shared_cfg_round_trip_is_byte_identical(name):
     path = _shared(name)
     data = path.read_bytes()
     if name in DUPLICATE_KEY_CFGS:
-        with pytest.raises(CfgError, match=rf":{DUPLICATE_KEY_CFGS[name]} \[net\] batch: duplicate key"):
+        with pytest.raises(CfgError, match=rf":{DUPLICATE_KEY_CFGS[name]} \[net\] batch: duplicate key with a different value"):
             load_cfg(path)
         return
     doc = load_cfg(path)
@@ -148,7 +145,21 @@ def test_error_unsupported_section_names_it():
 
 def test_error_duplicate_key():
     assert parse_error(NET + "[maxpool]\nsize=2\nstride=2\nsize=3\n") == \
-        "t.cfg:8 [section #0 maxpool] size: duplicate key (first set on line 6; darknet would silently use the first)"
+        ("t.cfg:8 [section #0 maxpool] size: duplicate key with a different value (got '3', first set to '2' "
+         "on line 6; darknet would silently use the first)")
+
+
+def test_duplicate_key_with_the_same_value_is_a_warning():
+    import warnings
+
+    from darkpy.cfg import CfgWarning
+    text = NET + "[maxpool]\nsize=2\nstride=2\nsize=2\n"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        doc = parse_cfg(text, "t.cfg")
+    assert [str(w.message) for w in caught if w.category is CfgWarning] == \
+        ["t.cfg:8 [section #0 maxpool] size: duplicate key, same value as line 6; the first is used"]
+    assert doc.layers[0].options["size"].line == 6 and doc.text() == text
 
 
 def test_error_key_without_value_and_line_without_equals():

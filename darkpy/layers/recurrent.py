@@ -172,6 +172,9 @@ class _Inner:
     def allocate(self, rows: int, steps: int) -> None:
         layer = self.layer
         layer.allocate(rows)
+        train_buffers = getattr(layer, "_allocate_training", None)
+        if train_buffers is not None:   # conv allocates x̂/pre lazily; the per-row views need them now
+            train_buffers()
         self.full = {k: getattr(layer, k) for k in self.ROW_BUFFERS
                      if getattr(layer, k, None) is not None and getattr(layer, k).size}
         if layer.bn is not None:
