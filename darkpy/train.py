@@ -29,13 +29,16 @@ import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from .errors import DarkpyError, DataError, TrainingError, WeightsError
 from .progress import CsvLog, Progress, Record
 from .settings import Settings, load_settings
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .detect import MapResult
 
 SAVE_LAST = 100          # Darknet (AlexeyAB): `_last.weights` every 100 iterations
 SAVE_WEIGHTS = 1000      # and `_<N>.weights` every 1000

@@ -175,7 +175,7 @@ def test_golden_numpy_reference(name):
     "size=3\npad=1\ngroups=4\nfilters=8",
 ])
 def test_forward_matches_reference(conv):
-    text = f"[net]\nbatch=2\nwidth=9\nheight=7\nchannels=4\n[convolutional]\n"
+    text = "[net]\nbatch=2\nwidth=9\nheight=7\nchannels=4\n[convolutional]\n"
     text += conv + ("\nfilters=4" if "filters" not in conv else "") + "\nactivation=leaky\n"
     net = network_from_text(text, dtype=np.float64)
     rng = np.random.default_rng(3)

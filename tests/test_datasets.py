@@ -157,8 +157,8 @@ def test_read_box_labels_collects_bad_lines(tmp_path):
 # detection batches
 # ---------------------------------------------------------------------------------------------------
 def _square_dataset(tmp_path, n=3):
-    """Black images with one white rectangle each, and its label; returns paths and pixel boxes."""
-    paths, rects = [], []
+    """Black images with one white rectangle each, and its label file; returns the image paths."""
+    paths = []
     rng = np.random.default_rng(0)
     for i in range(n):
         h, w = (48, 64) if i % 2 == 0 else (70, 40)

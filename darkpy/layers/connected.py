@@ -15,10 +15,9 @@ import math
 import numpy as np
 
 from ..kernels import activations as act
-from ..kernels import bn as bnk
 from ..kernels import im2col as ic
 from .base import Layer, Param, State, register
-from .convolutional import BatchNormParams, backward_bias_bn_act
+from .convolutional import BatchNormParams, backward_bias_bn_act, forward_bias_bn_act
 
 
 @register
@@ -81,19 +80,7 @@ class ConnectedLayer(Layer):
         x = s.input.reshape(self.batch, self.inputs)
         np.matmul(x, self.weights.value.T, out=self.output)
         y = self.output.reshape(self.batch, self.n, 1)
-        self._trained = s.train
-        if self.bn is None:
-            bnk.bias_act_forward(y, self.pre.reshape(y.shape) if self.pre.size else y,
-                                 self.biases.value, self.act, self.pre.size > 0)
-        elif s.train:
-            bn = self.bn
-            bnk.bn_act_forward_train(y, self.xnorm.reshape(y.shape), bn.mean, bn.variance,
-                                     bn.rolling_mean, bn.rolling_variance, bn.scales.value,
-                                     self.biases.value, self.act, self.darknet_cpu_bn)
-        else:
-            bn = self.bn
-            bnk.bn_act_forward_infer(y, bn.rolling_mean, bn.rolling_variance, bn.scales.value,
-                                     self.biases.value, self.act, self.darknet_cpu_bn)
+        forward_bias_bn_act(self, y, s.train)
 
     def backward(self, s: State) -> None:
         d = self.delta.reshape(self.batch, self.n, 1)

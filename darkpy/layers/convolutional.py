@@ -256,22 +256,9 @@ class ConvolutionalLayer(Layer):
                 out = self._rows(yg.shape[0])
                 np.matmul(wmat[j], col, out=out)
                 ic.rows_to_items(yg, out.reshape(out.shape[0], yg.shape[0], -1))
-        self._trained = s.train
         if s.train:
             self._allocate_training()
-        keep_pre = s.train and self.pre.size > 0
-        if self.bn is None:
-            bnk.bias_act_forward(y, self.pre.reshape(y.shape) if keep_pre else y,
-                                 self.biases.value, self.act, keep_pre)
-        elif s.train:
-            bn = self.bn
-            bnk.bn_act_forward_train(y, self.xnorm.reshape(y.shape), bn.mean, bn.variance,
-                                     bn.rolling_mean, bn.rolling_variance, bn.scales.value,
-                                     self.biases.value, self.act, self.darknet_cpu_bn)
-        else:
-            bn = self.bn
-            bnk.bn_act_forward_infer(y, bn.rolling_mean, bn.rolling_variance, bn.scales.value,
-                                     self.biases.value, self.act, self.darknet_cpu_bn)
+        forward_bias_bn_act(self, y, s.train, keep_pre=s.train)
 
     def backward(self, s: State) -> None:
         _, oh, ow = self.out_shape
@@ -345,6 +332,26 @@ class ConvolutionalLayer(Layer):
         return (f"conv  {filters} {self.size:2d} x{self.size:2d} /{stride}{dil}  "
                 f"{fmt_shape(self.in_shape)}   ->  {fmt_shape(self.out_shape)}  "
                 f"{self.flops() / 1e9:5.3f} BFLOPs")
+
+
+def forward_bias_bn_act(layer, y: np.ndarray, train: bool, keep_pre: bool = True) -> None:
+    """Shared by conv, deconv and connected: turn `y` (B, C, S), the raw product, into the layer's
+    output in place: + bias, or batch norm (batch statistics in training, rolling ones otherwise,
+    β = biases), then the activation. The pre-activation is copied to `layer.pre` when it exists
+    and `keep_pre` (swish/mish/... need it in backward)."""
+    layer._trained = train
+    keep = keep_pre and layer.pre.size > 0
+    bn = layer.bn
+    if bn is None:
+        bnk.bias_act_forward(y, layer.pre.reshape(y.shape) if keep else y, layer.biases.value,
+                             layer.act, keep)
+    elif train:
+        bnk.bn_act_forward_train(y, layer.xnorm.reshape(y.shape), bn.mean, bn.variance,
+                                 bn.rolling_mean, bn.rolling_variance, bn.scales.value,
+                                 layer.biases.value, layer.act, layer.darknet_cpu_bn)
+    else:
+        bnk.bn_act_forward_infer(y, bn.rolling_mean, bn.rolling_variance, bn.scales.value,
+                                 layer.biases.value, layer.act, layer.darknet_cpu_bn)
 
 
 def backward_bias_bn_act(layer, d: np.ndarray, y: np.ndarray) -> None:

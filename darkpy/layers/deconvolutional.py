@@ -18,10 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import activations as act
-from ..kernels import bn as bnk
 from ..kernels import im2col as ic
 from .base import Layer, Param, State, fmt_shape, register
-from .convolutional import BatchNormParams, backward_bias_bn_act
+from .convolutional import BatchNormParams, backward_bias_bn_act, forward_bias_bn_act
 
 
 def deconv_out_size(size_in: int, k: int, stride: int, padding: int) -> int:
@@ -136,19 +135,7 @@ class DeconvolutionalLayer(Layer):
             np.matmul(wmat.T, x[items], out=col)
             ic.col2im_add(out[items], col, self.size, self.stride, self.stride, self.padding, 1, h, w)
         y = self.output.reshape(self.batch, self.n, oh * ow)
-        self._trained = s.train
-        if self.bn is None:
-            bnk.bias_act_forward(y, self.pre.reshape(y.shape) if self.pre.size else y,
-                                 self.biases.value, self.act, self.pre.size > 0)
-        elif s.train:
-            bn = self.bn
-            bnk.bn_act_forward_train(y, self.xnorm.reshape(y.shape), bn.mean, bn.variance,
-                                     bn.rolling_mean, bn.rolling_variance, bn.scales.value,
-                                     self.biases.value, self.act, self.darknet_cpu_bn)
-        else:
-            bn = self.bn
-            bnk.bn_act_forward_infer(y, bn.rolling_mean, bn.rolling_variance, bn.scales.value,
-                                     self.biases.value, self.act, self.darknet_cpu_bn)
+        forward_bias_bn_act(self, y, s.train)
 
     def backward(self, s: State) -> None:
         c, h, w = self.in_shape
