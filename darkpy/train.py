@@ -599,7 +599,7 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
         progress.message(COMPILING_NOTICE)
     progress.message(f"Training {cfg} on {dc.train} ({len(train_paths)} images), {B} images per iteration "
                      f"({net.config.subdivisions} x {net.batch}), iterations {start + 1}..{max_batches}, "
-                     f"seed {seed}; checkpoints in {backup_dir}/")
+                     f"seed {seed}; checkpoints in {os.path.join(backup_dir, '')}")
 
     from .datasets import BatchLoader
 
