@@ -32,7 +32,7 @@ import numpy as np
 from ..kernels import jit
 from ..kernels.boxes import box_iou
 from .base import Layer, State, register
-from .yolo import _valid_truth, read_class_map, truth_boxes
+from .yolo import _truth_cell, _valid_truth, read_class_map, truth_boxes
 
 _IOU, _CAT, _OBJ, _ANYOBJ, _R50, _COUNT, _BAD = range(7)
 
@@ -134,11 +134,7 @@ def region_delta(delta, stats, out, truth, biases, class_map, lw, lh, classes, m
             if v == 0:
                 stats[_BAD] += 1
                 continue
-            tx, ty = truth[b, 5 * t], truth[b, 5 * t + 1]
-            tw, th = truth[b, 5 * t + 2], truth[b, 5 * t + 3]
-            cls = class_map[int(truth[b, 5 * t + 4])]
-            i = min(int(tx * lw), lw - 1)   # darknet: no clamp, x == 1 indexes past the grid
-            j = min(int(ty * lh), lh - 1)
+            tx, ty, tw, th, cls, i, j = _truth_cell(truth, b, t, class_map, lw, lh)
             best_iou = 0.0
             best_n = 0
             for a in range(n):

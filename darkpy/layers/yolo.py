@@ -147,6 +147,17 @@ def _valid_truth(truth, b, t, classes):
 
 
 @jit
+def _truth_cell(truth, b, t, class_map, lw, lh):
+    """Truth box t of item b (truth: (batch, 5*max)): x, y, w, h, mapped class, and its cell i, j."""
+    tx, ty = truth[b, 5 * t], truth[b, 5 * t + 1]
+    tw, th = truth[b, 5 * t + 2], truth[b, 5 * t + 3]
+    cls = class_map[int(truth[b, 5 * t + 4])]
+    i = min(int(tx * lw), lw - 1)   # darknet: no clamp, x == 1 indexes past the grid
+    j = min(int(ty * lh), lh - 1)
+    return tx, ty, tw, th, cls, i, j
+
+
+@jit
 def yolo_delta(delta, stats, out, truth, biases, mask, class_map, lw, lh, net_w, net_h, classes,
                max_boxes, ignore_thresh, truth_thresh, iou_kind, iou_norm, obj_norm, cls_norm, eps,
                max_delta, iou_thresh, new_coords):
@@ -197,11 +208,7 @@ def yolo_delta(delta, stats, out, truth, biases, mask, class_map, lw, lh, net_w,
             if v == 0:
                 stats[_BAD] += 1
                 continue
-            tx, ty = truth[b, 5 * t], truth[b, 5 * t + 1]
-            tw, th = truth[b, 5 * t + 2], truth[b, 5 * t + 3]
-            cls = class_map[int(truth[b, 5 * t + 4])]
-            i = min(int(tx * lw), lw - 1)   # darknet: no clamp, x == 1 indexes past the grid
-            j = min(int(ty * lh), lh - 1)
+            tx, ty, tw, th, cls, i, j = _truth_cell(truth, b, t, class_map, lw, lh)
             best_iou = 0.0
             best_n = 0
             for k in range(total):
