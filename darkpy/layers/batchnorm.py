@@ -53,10 +53,8 @@ class BatchNormLayer(Layer):
 
     def init_weights(self, rng: np.random.Generator) -> None:
         """As Darknet: scales 1, biases 0, rolling mean 0, rolling variance 0."""
-        self.bn.scales.value.fill(1)
+        self.bn.reset()
         self.biases.value.fill(0)
-        self.bn.rolling_mean.fill(0)
-        self.bn.rolling_variance.fill(0)
 
     def allocate(self, batch: int) -> None:
         super().allocate(batch)

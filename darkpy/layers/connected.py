@@ -61,9 +61,7 @@ class ConnectedLayer(Layer):
         self.weights.value[...] = math.sqrt(2.0 / self.inputs) * rng.uniform(-1, 1, self.weights.value.shape)
         self.biases.value.fill(0)
         if self.bn:
-            self.bn.scales.value.fill(1)
-            self.bn.rolling_mean.fill(0)
-            self.bn.rolling_variance.fill(0)
+            self.bn.reset()
 
     def allocate(self, batch: int) -> None:
         super().allocate(batch)

@@ -61,6 +61,12 @@ class BatchNormParams:
         self.mean = np.zeros(n, dtype)       # batch statistics of the last training forward
         self.variance = np.zeros(n, dtype)
 
+    def reset(self) -> None:
+        """Darknet's initial values: γ = 1, rolling mean 0, rolling variance 0."""
+        self.scales.value.fill(1)
+        self.rolling_mean.fill(0)
+        self.rolling_variance.fill(0)
+
 
 @register
 class ConvolutionalLayer(Layer):
@@ -151,9 +157,7 @@ class ConvolutionalLayer(Layer):
         self.weights.value[...] = math.sqrt(2.0 / fan_in) * rng.standard_normal(self.weights.value.shape)
         self.biases.value.fill(0)
         if self.bn:
-            self.bn.scales.value.fill(1)
-            self.bn.rolling_mean.fill(0)
-            self.bn.rolling_variance.fill(0)
+            self.bn.reset()
 
     @property
     def is_gemm_only(self) -> bool:

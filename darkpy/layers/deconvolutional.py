@@ -93,9 +93,7 @@ class DeconvolutionalLayer(Layer):
         self.weights.value[...] = scale * rng.standard_normal(self.weights.value.shape)
         self.biases.value.fill(0)
         if self.bn:
-            self.bn.scales.value.fill(1)
-            self.bn.rolling_mean.fill(0)
-            self.bn.rolling_variance.fill(0)
+            self.bn.reset()
 
     @property
     def col_shape(self) -> tuple:
