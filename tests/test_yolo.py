@@ -335,3 +335,21 @@ def test_wrong_filters_is_a_clear_error():
     cfg = yolo_cfg().replace("channels=24", "channels=21")
     with pytest.raises(CfgError, match="filters=24"):
         network_from_text(cfg)
+
+
+@pytest.mark.parametrize("head", ["yolo", "region"])
+def test_class_map_file_is_read_and_checked(tmp_path, head):
+    """`map=`: line i is the class truth class i trains; ids outside the head's classes are a
+    located error (shared by [yolo] and [region])."""
+    extra = "mask=0\nanchors=10,14\nnum=1" if head == "yolo" else "anchors=1,1\nnum=1\ncoords=4"
+    good, bad = tmp_path / "good.map", tmp_path / "bad.map"
+    good.write_text("1\n0\n")
+    bad.write_text("0\n2\n")
+
+    def cfg(path):
+        return (f"[net]\nwidth=32\nheight=32\nchannels=3\n[convolutional]\nfilters=7\nsize=1\n"
+                f"activation=linear\n[{head}]\nclasses=2\n{extra}\nmap={path}\n")
+    net = network_from_text(cfg(good), file="t.cfg")
+    assert net.layers[1].class_map.tolist() == [1, 0]
+    with pytest.raises(CfgError, match=r"^t\.cfg:\d+ \[section #1 \w+\] map: .*needs >= 2 ids in 0\.\.1"):
+        network_from_text(cfg(bad), file="t.cfg")

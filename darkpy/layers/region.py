@@ -247,11 +247,8 @@ class RegionLayer(Layer):
             setattr(layer, key, sec.get_float(key, 1.0))
         for key in ("log", "sqrt", "classfix", "absolute", "mask_scale"):   # read by darknet, unused
             sec.get_str(key, None)
-        map_file = sec.get_str("map", None)
-        if map_file:
-            cmap = read_class_map(map_file, sec)
-            if cmap.size < classes or cmap.min() < 0 or cmap.max() >= classes:
-                raise sec.error(f"{map_file!r}: needs >= {classes} ids in 0..{classes - 1}", "map")
+        cmap = read_class_map(sec, classes)
+        if cmap is not None:
             layer.class_map = cmap
         return layer
 

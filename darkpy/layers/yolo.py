@@ -248,8 +248,12 @@ def _same(value: str, default: str) -> bool:
         return value == default
 
 
-def read_class_map(path: str, sec) -> np.ndarray:
-    """A `map=` file: one int per line, line i is the class id that truth class i trains."""
+def read_class_map(sec, classes: int) -> np.ndarray | None:
+    """The section's `map=` file, if any: one int per line, line i is the class id that truth class
+    i trains; each must be a class of this head (checked here, with the section's location)."""
+    path = sec.get_str("map", None)
+    if not path:
+        return None
     try:
         with open(path) as f:
             values = [int(line) for line in f if line.strip()]
@@ -257,7 +261,10 @@ def read_class_map(path: str, sec) -> np.ndarray:
         raise sec.error(f"cannot read the class map file {path!r} ({e.strerror})", "map") from None
     except ValueError:
         raise sec.error(f"{path!r} must hold one integer per line", "map") from None
-    return np.asarray(values, np.int64)
+    cmap = np.asarray(values, np.int64)
+    if cmap.size < classes or cmap.min() < 0 or cmap.max() >= classes:
+        raise sec.error(f"{path!r}: needs >= {classes} ids in 0..{classes - 1}", "map")
+    return cmap
 
 
 def letterbox_correct(boxes: np.ndarray, img_w: int, img_h: int, net_w: int, net_h: int,
@@ -356,11 +363,8 @@ class YoloLayer(Layer):
         layer.ignore_thresh = sec.get_float("ignore_thresh", 0.5)
         layer.truth_thresh = sec.get_float("truth_thresh", 1.0)
         layer.random = sec.get_float("random", 0.0)
-        map_file = sec.get_str("map", None)
-        if map_file:
-            cmap = read_class_map(map_file, sec)
-            if cmap.size < classes or cmap.min() < 0 or cmap.max() >= classes:
-                raise sec.error(f"{map_file!r}: needs >= {classes} ids in 0..{classes - 1}", "map")
+        cmap = read_class_map(sec, classes)
+        if cmap is not None:
             layer.class_map = cmap
         layer.scale_x_y = sec.get_float("scale_x_y", 1.0)
         kind = sec.get_choice("iou_loss", ("mse", *IOU_KINDS), "mse")
