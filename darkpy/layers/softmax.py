@@ -25,8 +25,18 @@ import numpy as np
 from numba import prange
 
 from ..errors import StateError
-from ..kernels import pjit
+from ..kernels import jit, pjit
 from .base import Layer, State, numel, register
+
+
+@jit
+def _group_max(x, b, lo, size):
+    """x: (B, n). The largest of x[b, lo:lo+size] (subtracted before exp, for stability)."""
+    largest = -np.inf
+    for i in range(lo, lo + size):
+        if x[b, i] > largest:
+            largest = x[b, i]
+    return largest
 
 
 @pjit
@@ -37,10 +47,7 @@ def softmax_forward(out, x, groups, temp):
     for bg in prange(B * groups):
         b = bg // groups
         lo = (bg % groups) * size
-        largest = -np.inf
-        for i in range(lo, lo + size):
-            if x[b, i] > largest:
-                largest = x[b, i]
+        largest = _group_max(x, b, lo, size)
         total = 0.0
         for i in range(lo, lo + size):
             e = math.exp(x[b, i] / temp - largest / temp)
@@ -61,10 +68,7 @@ def softmax_xent(delta, loss, p, x, t, groups, temp):
     for bg in prange(B * groups):
         b = bg // groups
         lo = (bg % groups) * size
-        largest = -np.inf
-        for i in range(lo, lo + size):
-            if x[b, i] > largest:
-                largest = x[b, i]
+        largest = _group_max(x, b, lo, size)
         total = 0.0
         for i in range(lo, lo + size):
             total += math.exp(x[b, i] / temp - largest / temp)
