@@ -28,11 +28,23 @@ import numpy as np
 from ..kernels import activations as act
 from ..kernels import bn as bnk
 from ..kernels import im2col as ic
+from ..kernels import winograd as wg
 from .base import Layer, Param, State, fmt_shape, register
 
 #: Per-item multiply-adds (n/g · c/g·k·k · oh·ow) from which a batch's items are put side by side
 #: into one GEMM (`ConvolutionalLayer.wide`); below it numpy's stacked matmul (one GEMM per item).
 WIDE_MIN_MACS = 1 << 22
+
+#: Winograd F(2x2, 3x3) (kernels/winograd.py) for 3x3 stride-1 layers, when the batch's output
+#: tiles (2x2 blocks) number at least WINOGRAD_MIN_TILES (the filter transform, done once per
+#: forward, must be amortised) and the layer has at least WINOGRAD_MIN_CHANNELS input channels
+#: (a 3-channel first layer makes tiny GEMMs). False: always im2col + GEMM.
+WINOGRAD = True
+WINOGRAD_MIN_TILES = 128
+WINOGRAD_MIN_CHANNELS = 16
+#: Padding (values) between the 16 matrices of a Winograd buffer: with it the 16 streams a transform
+#: reads or writes are not a power of two apart, which made them collide in the cache (measured 3x).
+XI_PAD = 16
 
 #: Keys that switch on behaviour darkpy does not implement; a non-zero value is an error.
 UNSUPPORTED_KEYS = {
@@ -98,6 +110,8 @@ class ConvolutionalLayer(Layer):
         self.wgrad_tmp = np.zeros((0,), self.dtype)
         self.chunk = 1
         self.wide = False
+        self.winograd = False
+        self.wchunk = 1
         self._trained = False                      # last forward was in training mode
 
     # -- construction ---------------------------------------------------------------------------
@@ -183,7 +197,25 @@ class ConvolutionalLayer(Layer):
         self.wide = batch > 1 and ng * rows * cols >= WIDE_MIN_MACS
         self.wgrad_tmp = np.zeros((ng, rows) if self.wide else (self.chunk, ng, rows), self.dtype)
         ic.reserve(self.chunk * (rows + ng) * cols, self.dtype)
+        self.winograd = self._use_winograd(batch)
+        if self.winograd:
+            c, n = self.in_shape[0], self.n
+            # tiles of the forward's output, or of backward's (the input's size): the larger
+            th, tw = max(wg.tiles(*self.out_shape[1:]), wg.tiles(*self.in_shape[1:]))
+            # per item: V (c x tiles) and M (n x tiles), 16 of each; backward swaps c and n
+            self.wchunk = ic.chunk_items(16 * th * tw * (c + n), batch)
+            tiles = self.wchunk * th * tw
+            ic.reserve(_xi_size(n, c) + _xi_size(max(c, n), tiles) * 2, self.dtype)
         self._trained = False
+
+    def _use_winograd(self, batch: int) -> bool:
+        """3x3, stride 1, no dilation or groups, padding <= 2 (so backward's padding 2 − p is one
+        too), enough channels and output tiles: see WINOGRAD_MIN_TILES."""
+        if not (WINOGRAD and self.size == 3 and self.stride_x == 1 and self.stride_y == 1
+                and self.dilation == 1 and self.groups == 1 and self.padding <= 2):
+            return False
+        th, tw = wg.tiles(*self.out_shape[1:])
+        return self.in_shape[0] >= WINOGRAD_MIN_CHANNELS and batch * th * tw >= WINOGRAD_MIN_TILES
 
     def _allocate_training(self) -> None:
         """The buffers only backward needs, sized by the last allocate(): the pre-activation
@@ -248,8 +280,11 @@ class ConvolutionalLayer(Layer):
         _, oh, ow = self.out_shape
         x = s.input.reshape(self.batch, *self.in_shape)
         y = self.output.reshape(self.batch, self.n, oh * ow)
+        if self.winograd:
+            self._winograd(x, self.weights.value, self.padding, y.reshape(self.batch, self.n, oh, ow),
+                           add=False)
         wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
-        for items, j, cin, fout in self._chunks():
+        for items, j, cin, fout in ([] if self.winograd else self._chunks()):
             col = self._columns(x[items, cin])
             yg = y[items, fout]
             if not self.wide:
@@ -264,6 +299,26 @@ class ConvolutionalLayer(Layer):
             self._allocate_training()
         forward_bias_bn_act(self, y, s.train, keep_pre=s.train)
 
+    def _winograd(self, x: np.ndarray, w: np.ndarray, pad: int, y: np.ndarray, add: bool) -> None:
+        """y (B, n', oh', ow') = (or +=) the 3x3 stride-1 correlation of x (B, c', h', w') with the
+        filters w (n', c', 3, 3) and padding `pad`, by Winograd F(2x2, 3x3), `self.wchunk` items at
+        a time. Forward: x the input, w the weights. Backward: x the delta, w the weights flipped
+        and transposed, pad 2 − padding, y the previous delta."""
+        n, c = w.shape[:2]
+        th, tw = wg.tiles(*y.shape[2:])
+        u = _xi_view(0, n, c, self.dtype)
+        wg.filters(u, w)
+        off = _xi_size(n, c)
+        for b0 in range(0, self.batch, self.wchunk):
+            b1 = min(b0 + self.wchunk, self.batch)
+            tiles = (b1 - b0) * th * tw
+            v = _xi_view(off, c, tiles, self.dtype)
+            m = _xi_view(off + _xi_size(c, tiles), n, tiles, self.dtype)
+            wg.inputs(v, x[b0:b1], pad)
+            for xi in range(16):
+                np.matmul(u[xi], v[xi], out=m[xi])
+            wg.outputs(y[b0:b1], m, add)
+
     def backward(self, s: State) -> None:
         _, oh, ow = self.out_shape
         d = self.delta.reshape(self.batch, self.n, oh * ow)
@@ -277,7 +332,8 @@ class ConvolutionalLayer(Layer):
             dg = d[items, fout]
             nb = dg.shape[0]
             if not self.wide:
-                self._backward_stacked(dg, x[items, cin], None if prev is None else prev[items, cin],
+                self._backward_stacked(dg, x[items, cin],
+                                       None if prev is None or self.winograd else prev[items, cin],
                                        wmat[j], wgrad[j])
                 continue
             if nb == 1:
@@ -289,13 +345,19 @@ class ConvolutionalLayer(Layer):
             col = self._columns(x[items, cin])
             np.matmul(dm, col.T, out=self.wgrad_tmp)
             wgrad[j] += self.wgrad_tmp
-            if prev is None:
+            if prev is None or self.winograd:
                 continue
             dcol = ic.get((rows, nb * cols), self.dtype)     # the columns are used up: reuse them
             np.matmul(wmat[j].T, dm, out=dcol)
             ic.col2im_wide_add(prev[items, cin], dcol.reshape(rows, nb, cols), self.size,
                                self.stride_y, self.stride_x, self.padding * self.dilation,
                                self.dilation, oh, ow)
+        if self.winograd and prev is not None:
+            # the input gradient of a 3x3 stride-1 correlation is the correlation of the delta with
+            # the filters flipped and transposed, padding 2 - p: Winograd again, added into prev
+            flipped = self.weights.value.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1]
+            self._winograd(d.reshape(self.batch, self.n, oh, ow), flipped, 2 - self.padding, prev,
+                           add=True)
 
     def _backward_stacked(self, dg, xg, pg, w, wgrad) -> None:
         """Backward of one chunk and group with numpy's stacked matmul (layers too small for
@@ -336,6 +398,18 @@ class ConvolutionalLayer(Layer):
         return (f"conv  {filters} {self.size:2d} x{self.size:2d} /{stride}{dil}  "
                 f"{fmt_shape(self.in_shape)}   ->  {fmt_shape(self.out_shape)}  "
                 f"{self.flops() / 1e9:5.3f} BFLOPs")
+
+
+def _xi_size(a: int, b: int) -> int:
+    """Workspace values of 16 (a, b) matrices XI_PAD apart (see `_xi_view`)."""
+    return 16 * (a * b + XI_PAD)
+
+
+def _xi_view(offset: int, a: int, b: int, dtype) -> np.ndarray:
+    """16 (a, b) matrices in the shared workspace from `offset`, each XI_PAD values after the
+    previous one ends: a (16, a, b) view whose every [ξ] is a BLAS-ready matrix."""
+    flat = ic.get((16, a * b + XI_PAD), dtype, offset)
+    return flat[:, :a * b].reshape(16, a, b)
 
 
 def forward_bias_bn_act(layer, y: np.ndarray, train: bool, keep_pre: bool = True) -> None:

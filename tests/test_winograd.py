@@ -1,0 +1,149 @@
+"""Winograd F(2x2, 3x3) (darkpy/kernels/winograd.py) against a direct correlation, and the
+convolutional layer's Winograd path against its im2col path and against numerical gradients."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import darkpy.layers.convolutional as conv
+from darkpy.kernels import im2col as ic
+from darkpy.kernels import winograd as wg
+from darkpy.layers.base import State
+
+from darkpy.network import network_from_text
+from helpers import layer_gradcheck
+
+
+def direct_correlation(x, w, pad):
+    """Slow reference: y[b, f, oy, ox] = Σ w[f, c, ky, kx] x[b, c, oy + ky − pad, ox + kx − pad]."""
+    nb, c, h, width = x.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = h + 2 * pad - 2, width + 2 * pad - 2
+    y = np.zeros((nb, w.shape[0], oh, ow))
+    for ky in range(3):
+        for kx in range(3):
+            y += np.einsum("fc,bchw->bfhw", w[:, :, ky, kx], xp[:, :, ky:ky + oh, kx:kx + ow])
+    return y
+
+
+def winograd_correlation(x, w, pad, y0=None):
+    nb, c, h, width = x.shape
+    n = w.shape[0]
+    oh, ow = h + 2 * pad - 2, width + 2 * pad - 2
+    th, tw = wg.tiles(oh, ow)
+    u = np.empty((16, n, c), x.dtype)
+    wg.filters(u, w)
+    v = np.empty((16, c, nb * th * tw), x.dtype)
+    wg.inputs(v, x, pad)
+    m = np.matmul(u, v)
+    if y0 is None:
+        y = np.full((nb, n, oh, ow), np.nan, x.dtype)
+        wg.outputs(y, m, False)
+    else:
+        y = y0.copy()
+        wg.outputs(y, m, True)
+    return y
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5, 5, 1), (1, 5, 3, 6, 7, 1), (3, 4, 2, 7, 4, 0),
+                                   (2, 3, 3, 4, 4, 2), (1, 2, 2, 1, 1, 1), (2, 8, 8, 2, 3, 1),
+                                   (1, 2, 3, 9, 3, 2), (1, 3, 2, 3, 3, 0)])
+def test_kernels_match_direct_correlation(shape):
+    """Every padding Winograd takes (0-2), odd and even sizes (half-used edge tiles), 1-pixel images."""
+    nb, c, n, h, w, pad = shape
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal((nb, c, h, w))
+    wt = rng.standard_normal((n, c, 3, 3))
+    ref = direct_correlation(x, wt, pad)
+    np.testing.assert_allclose(winograd_correlation(x, wt, pad), ref, rtol=1e-12, atol=1e-12)
+    y0 = rng.standard_normal(ref.shape)
+    np.testing.assert_allclose(winograd_correlation(x, wt, pad, y0), y0 + ref, rtol=1e-12, atol=1e-12)
+    # float32: within float rounding of the summed magnitudes
+    x32, w32 = x.astype(np.float32), wt.astype(np.float32)
+    scale = direct_correlation(np.abs(x32), np.abs(w32), pad).max()
+    assert np.abs(winograd_correlation(x32, w32, pad) - ref).max() <= 1e-6 * scale
+
+
+CFG = """[net]
+batch={batch}
+height={h}
+width={w}
+channels=16
+[convolutional]
+filters=8
+size=3
+stride=1
+padding={padding}
+batch_normalize={bn}
+activation=leaky
+"""
+
+
+def _net(monkeypatch, winograd, dtype=np.float64, batch=3, h=7, w=6, padding=1, bn=0, chunk=None):
+    monkeypatch.setattr(conv, "WINOGRAD", winograd)
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_TILES", 1)
+    if chunk is not None:
+        monkeypatch.setattr(ic, "CHUNK_VALUES", chunk)
+    net = network_from_text(CFG.format(batch=batch, h=h, w=w, padding=padding, bn=bn), dtype=dtype)
+    assert net.layers[0].winograd is winograd
+    return net
+
+
+@pytest.mark.parametrize("padding", [0, 1, 2])
+@pytest.mark.parametrize("bn", [0, 1])
+def test_layer_winograd_equals_im2col(monkeypatch, padding, bn):
+    """Forward output, input delta and weight/bias/scale gradients of the Winograd path equal the
+    im2col path's (float64), including with the batch split into chunks."""
+    rng = np.random.default_rng(padding + 10 * bn)
+    results = []
+    for winograd, chunk in ((False, None), (True, None), (True, 16 * 12 * 24)):
+        net = _net(monkeypatch, winograd, padding=padding, bn=bn, chunk=chunk)
+        layer = net.layers[0]
+        if chunk is not None:
+            assert layer.wchunk < net.batch
+        layer.init_weights(np.random.default_rng(1))
+        x = np.random.default_rng(2).uniform(-1, 1, net.input.shape)
+        layer.forward(State(input=x, delta=None, truth=None, train=True, layers=net.layers, net=net))
+        out = layer.output.copy()
+        layer.delta[...] = np.random.default_rng(3).standard_normal(layer.delta.shape)
+        prev = np.full(x.shape, 0.5)
+        for p in layer.params:
+            p.grad.fill(0)
+        layer.backward(State(input=x, delta=prev, truth=None, train=True, layers=net.layers, net=net))
+        results.append([out, prev] + [p.grad.copy() for p in layer.params])
+        monkeypatch.undo()
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            np.testing.assert_allclose(b, a, rtol=1e-11, atol=1e-11)
+    assert not np.allclose(results[0][1], 0.5)      # the input delta was really added to
+
+
+def test_layer_winograd_gradcheck(monkeypatch):
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_TILES", 1)
+    net = layer_gradcheck(CFG.format(batch=2, h=5, w=6, padding=1, bn=1), 0)
+    assert net.layers[0].winograd
+
+
+def test_layer_winograd_float32_close_to_im2col(monkeypatch):
+    rng = np.random.default_rng(5)
+    outs = []
+    for winograd in (False, True):
+        net = _net(monkeypatch, winograd, dtype=np.float32, batch=4, h=13, w=11)
+        net.layers[0].init_weights(np.random.default_rng(1))
+        outs.append(net.forward(rng.uniform(0, 1, net.input.shape).astype(np.float32)).copy())
+        rng = np.random.default_rng(5)
+        monkeypatch.undo()
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+
+
+def test_winograd_only_where_it_applies(monkeypatch):
+    """Strided, dilated, grouped, 1x1 and small-batch layers keep im2col."""
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_TILES", 1)
+    base = "[net]\nbatch=2\nheight=8\nwidth=8\nchannels=16\n[convolutional]\nfilters=16\nactivation=linear\n"
+    for extra, expected in (("size=3\npad=1\n", True), ("size=3\npad=1\nstride=2\n", False),
+                            ("size=3\npad=1\ndilation=2\n", False), ("size=3\npad=1\ngroups=2\n", False),
+                            ("size=1\n", False), ("size=5\npad=1\n", False)):
+        net = network_from_text(base + extra)
+        assert net.layers[0].winograd is expected, extra
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_TILES", 10 ** 6)
+    assert not network_from_text(base + "size=3\npad=1\n").layers[0].winograd
