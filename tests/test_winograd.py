@@ -103,7 +103,7 @@ def test_layer_winograd_equals_im2col(monkeypatch, padding, bn):
             assert layer.wchunk < net.batch
         layer.init_weights(np.random.default_rng(1))
         x = np.random.default_rng(2).uniform(-1, 1, net.input.shape)
-        layer.forward(State(input=x, delta=None, truth=None, train=True, layers=net.layers, net=net))
+        net.forward(x, train=True)
         out = layer.output.copy()
         layer.delta[...] = np.random.default_rng(3).standard_normal(layer.delta.shape)
         prev = np.full(x.shape, 0.5)
@@ -147,3 +147,26 @@ def test_winograd_only_where_it_applies(monkeypatch):
         assert net.layers[0].winograd is expected, extra
     monkeypatch.setattr(conv, "WINOGRAD_MIN_TILES", 10 ** 6)
     assert not network_from_text(base + "size=3\npad=1\n").layers[0].winograd
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 5), (1, 2, 4, 7), (2, 2, 1, 1)])
+def test_adjoint_kernels(shape):
+    """<outputs(M), dY> = <M, outputs_adjoint(dY)> and <filters(w), dU> = <w, filters_adjoint(dU)>:
+    the weight gradient's transforms are the exact adjoints of the forward's."""
+    nb, n, oh, ow = shape
+    rng = np.random.default_rng(oh * 10 + ow)
+    th, tw = wg.tiles(oh, ow)
+    m = rng.standard_normal((16, n, nb * th * tw))
+    dy = rng.standard_normal(shape)
+    y = np.zeros(shape)
+    wg.outputs(y, m, False)
+    dm = np.full_like(m, np.nan)
+    wg.outputs_adjoint(dm, dy)
+    assert np.isclose((y * dy).sum(), (m * dm).sum(), rtol=1e-12)
+    w = rng.standard_normal((n, 4, 3, 3))
+    du = rng.standard_normal((16, n, 4))
+    u = np.empty_like(du)
+    wg.filters(u, w)
+    dw = np.ones_like(w)
+    wg.filters_adjoint_add(dw, du)
+    assert np.isclose((u * du).sum(), (w * (dw - 1)).sum(), rtol=1e-12)

@@ -12,9 +12,13 @@ GEMMs do 16·n·c multiply-adds per tile where im2col does 36, and V holds 4 val
 position where im2col's column matrix holds 9. Like im2col this computes a cross-correlation, as
 Darknet's convolution does.
 
-The three kernels here are the transforms: `filters` (g -> U), `inputs` (x -> V, zero padding read
-outside the image) and `outputs` (M -> y, writing or ADDING the 2x2 tiles, cropping the last row and
-column of tiles when the output size is odd). The layer runs `np.matmul(U, V, out=M)` between them.
+The kernels are the transforms: `filters` (g -> U), `inputs` (x -> V, zero padding read outside
+the image) and `outputs` (M -> y, writing or ADDING the 2x2 tiles, cropping the last row and column
+of tiles when the output size is odd); the layer runs `np.matmul(U[ξ], V[ξ], out=M[ξ])` between
+them. The input gradient is the same algorithm on the delta with the filters flipped and
+transposed. The weight gradient uses the adjoints: `outputs_adjoint` (dY -> dM = A dY Aᵀ), the 16
+GEMMs dU[ξ] = dM[ξ] @ V[ξ]ᵀ, and `filters_adjoint_add` (dW += Gᵀ dU G) — exactly the convolution's
+weight gradient, since the forward computes exactly the convolution.
 
 Numerics: the transforms add and subtract (no division except G's exact halves), so the result
 differs from the direct sum only by float rounding, a few ulps of the summed magnitudes; the layer
@@ -27,6 +31,7 @@ Matrices (F(2x2, 3x3)):
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import prange
 
 from . import jit, pjit
@@ -63,98 +68,62 @@ def filters(u, w):
         u[12, f, ch], u[13, f, ch], u[14, f, ch], u[15, f, ch] = _g_cols(t30, t31, t32)
 
 
-@jit
-def _d_row(xc, yy, x0, interior):
-    """Row yy of the 4x4 patch starting at column x0 of the image xc (h, w), zero outside, times B:
-    (d0 − d2, d1 + d2, d2 − d1, d1 − d3)."""
-    h, w = xc.shape
-    if interior:
-        d0, d1, d2, d3 = xc[yy, x0], xc[yy, x0 + 1], xc[yy, x0 + 2], xc[yy, x0 + 3]
-    else:
-        z = xc[0, 0] * 0
-        d0 = d1 = d2 = d3 = z
-        if 0 <= yy < h:
-            if 0 <= x0 < w:
-                d0 = xc[yy, x0]
-            if 0 <= x0 + 1 < w:
-                d1 = xc[yy, x0 + 1]
-            if 0 <= x0 + 2 < w:
-                d2 = xc[yy, x0 + 2]
-            if 0 <= x0 + 3 < w:
-                d3 = xc[yy, x0 + 3]
-    return d0 - d2, d1 + d2, d2 - d1, d1 - d3
-
-
-@jit
-def _input_tile(v, ch, t, r00, r01, r02, r03, r10, r11, r12, r13, r20, r21, r22, r23,
-                r30, r31, r32, r33):
-    """Store V = Bᵀ (d B) of one tile, given the rows of d B (r_k = row k of d times B)."""
-    v[0, ch, t] = r00 - r20
-    v[1, ch, t] = r01 - r21
-    v[2, ch, t] = r02 - r22
-    v[3, ch, t] = r03 - r23
-    v[4, ch, t] = r10 + r20
-    v[5, ch, t] = r11 + r21
-    v[6, ch, t] = r12 + r22
-    v[7, ch, t] = r13 + r23
-    v[8, ch, t] = r20 - r10
-    v[9, ch, t] = r21 - r11
-    v[10, ch, t] = r22 - r12
-    v[11, ch, t] = r23 - r13
-    v[12, ch, t] = r10 - r30
-    v[13, ch, t] = r11 - r31
-    v[14, ch, t] = r12 - r32
-    v[15, ch, t] = r13 - r33
-
-
 @pjit
 def inputs(v, x, pad):
     """v: (16, c, nb·th·tw) output, V[ξ] with tile index (b·th + ty)·tw + tx; x: (nb, c, h, w)
-    input. The tile (ty, tx) reads the 4x4 patch at rows 2·ty − pad.., columns 2·tx − pad.. (zero
-    outside the image); V = Bᵀ d B. The tile grid covers the output of a 3x3 stride-1 kernel,
-    (h + 2·pad − 2) x (w + 2·pad − 2). Tiles wholly inside the image take a branch-free loop."""
+    input. The tile (ty, tx) reads the 4x4 patch d at rows 2·ty − pad.., columns 2·tx − pad..
+    (zero outside the image); V = Bᵀ d B. The tile grid covers the output of a 3x3 stride-1 kernel,
+    (h + 2·pad − 2) x (w + 2·pad − 2).
+
+    Per row of tiles: Bᵀ d for the whole 4-row band at once (contiguous loops over the columns,
+    zero-padded at both ends in a small per-thread buffer `s`), then the tiles' B from `s`. Measured
+    1.5-2x faster than transforming tile by tile, except on very wide images (equal there: the
+    writes of V bound both)."""
     nb, c, h, w = x.shape
     th = (h + 2 * pad - 1) // 2
     tw = (w + 2 * pad - 1) // 2
-    # tiles tx in [lo, hi) have columns 2·tx − pad .. 2·tx − pad + 3 inside the image
-    lo = min((pad + 1) // 2, tw)
-    hi = max(min((w + pad - 4) // 2 + 1, tw), lo)
+    wp = 2 * tw + 2                         # the padded columns the tiles read
+    lo = min(pad, wp)                       # [lo, hi): padded columns inside the image
+    hi = min(w + pad, wp)
     for cb in prange(c * nb):
         ch = cb // nb
         b = cb % nb
         xc = x[b, ch]
+        d = np.zeros((4, wp), x.dtype)      # a band's rows, zero-padded (bands at the edges)
+        s = np.zeros((4, wp), x.dtype)      # Bᵀ d, column by column; padding columns stay 0
         for ty in range(th):
             y0 = 2 * ty - pad
+            if y0 >= 0 and y0 + 4 <= h:
+                r0, r1, r2, r3 = xc[y0], xc[y0 + 1], xc[y0 + 2], xc[y0 + 3]
+                for j in range(lo, hi):
+                    s[0, j] = r0[j - pad] - r2[j - pad]
+                    s[1, j] = r1[j - pad] + r2[j - pad]
+                    s[2, j] = r2[j - pad] - r1[j - pad]
+                    s[3, j] = r1[j - pad] - r3[j - pad]
+            else:
+                for k in range(4):
+                    yy = y0 + k
+                    inside = 0 <= yy < h
+                    for j in range(lo, hi):
+                        d[k, j] = xc[yy, j - pad] if inside else 0
+                for j in range(wp):
+                    s[0, j] = d[0, j] - d[2, j]
+                    s[1, j] = d[1, j] + d[2, j]
+                    s[2, j] = d[2, j] - d[1, j]
+                    s[3, j] = d[1, j] - d[3, j]
             t0 = (b * th + ty) * tw
-            rows_inside = y0 >= 0 and y0 + 4 <= h
-            for tx in range(tw):
-                if rows_inside and lo <= tx < hi:
-                    continue
-                x0 = 2 * tx - pad
-                r00, r01, r02, r03 = _d_row(xc, y0, x0, False)
-                r10, r11, r12, r13 = _d_row(xc, y0 + 1, x0, False)
-                r20, r21, r22, r23 = _d_row(xc, y0 + 2, x0, False)
-                r30, r31, r32, r33 = _d_row(xc, y0 + 3, x0, False)
-                _input_tile(v, ch, t0 + tx, r00, r01, r02, r03, r10, r11, r12, r13,
-                            r20, r21, r22, r23, r30, r31, r32, r33)
-            if not rows_inside:
-                continue
-            x_0 = xc[y0]
-            x_1 = xc[y0 + 1]
-            x_2 = xc[y0 + 2]
-            x_3 = xc[y0 + 3]
-            for tx in range(lo, hi):
-                x0 = 2 * tx - pad
-                r00, r01, r02, r03 = (x_0[x0] - x_0[x0 + 2], x_0[x0 + 1] + x_0[x0 + 2],
-                                      x_0[x0 + 2] - x_0[x0 + 1], x_0[x0 + 1] - x_0[x0 + 3])
-                r10, r11, r12, r13 = (x_1[x0] - x_1[x0 + 2], x_1[x0 + 1] + x_1[x0 + 2],
-                                      x_1[x0 + 2] - x_1[x0 + 1], x_1[x0 + 1] - x_1[x0 + 3])
-                r20, r21, r22, r23 = (x_2[x0] - x_2[x0 + 2], x_2[x0 + 1] + x_2[x0 + 2],
-                                      x_2[x0 + 2] - x_2[x0 + 1], x_2[x0 + 1] - x_2[x0 + 3])
-                r30, r31, r32, r33 = (x_3[x0] - x_3[x0 + 2], x_3[x0 + 1] + x_3[x0 + 2],
-                                      x_3[x0 + 2] - x_3[x0 + 1], x_3[x0 + 1] - x_3[x0 + 3])
-                _input_tile(v, ch, t0 + tx, r00, r01, r02, r03, r10, r11, r12, r13,
-                            r20, r21, r22, r23, r30, r31, r32, r33)
+            for i in range(4):
+                si = s[i]
+                v0 = v[4 * i, ch, t0:t0 + tw]
+                v1 = v[4 * i + 1, ch, t0:t0 + tw]
+                v2 = v[4 * i + 2, ch, t0:t0 + tw]
+                v3 = v[4 * i + 3, ch, t0:t0 + tw]
+                for tx in range(tw):
+                    j = 2 * tx
+                    v0[tx] = si[j] - si[j + 2]
+                    v1[tx] = si[j + 1] + si[j + 2]
+                    v2[tx] = si[j + 2] - si[j + 1]
+                    v3[tx] = si[j + 1] - si[j + 3]
 
 
 @pjit
@@ -205,3 +174,78 @@ def outputs(y, m, add):
                         if right:
                             yf[oy + 1, ox + 1] = y11
                 t += 1
+
+
+# ---- adjoints, for the weight gradient: dU[ξ] = dM[ξ] @ V[ξ]ᵀ between them ----------------------
+
+@jit
+def _a_col(p, q):
+    """A·(p, q)ᵀ: a 2-vector to 4 values (the adjoint of Aᵀ's rows, used on rows and columns)."""
+    return p, p + q, p - q, -q
+
+
+@pjit
+def outputs_adjoint(m, dy):
+    """m: (16, n, nb·th·tw) output, dM = A dY Aᵀ per tile (the adjoint of `outputs`); dy: (nb, n,
+    oh, ow) the gradient of the output. Positions of a tile outside the output count as zero."""
+    nb, n, oh, ow = dy.shape
+    th = (oh + 1) // 2
+    tw = (ow + 1) // 2
+    for fb in prange(n * nb):
+        f = fb // nb
+        b = fb % nb
+        df = dy[b, f]
+        t = b * th * tw
+        for ty in range(th):
+            for tx in range(tw):
+                oy = 2 * ty
+                ox = 2 * tx
+                right = ox + 1 < ow
+                below = oy + 1 < oh
+                z = df[oy, ox] * 0
+                y00 = df[oy, ox]
+                y01 = df[oy, ox + 1] if right else z
+                y10 = df[oy + 1, ox] if below else z
+                y11 = df[oy + 1, ox + 1] if right and below else z
+                # A dY: 4 rows of 2, then each row (p, q) times Aᵀ: (p, p + q, p − q, −q)
+                m[0, f, t], m[1, f, t], m[2, f, t], m[3, f, t] = _a_col(y00, y01)
+                m[4, f, t], m[5, f, t], m[6, f, t], m[7, f, t] = _a_col(y00 + y10, y01 + y11)
+                m[8, f, t], m[9, f, t], m[10, f, t], m[11, f, t] = _a_col(y00 - y10, y01 - y11)
+                m[12, f, t], m[13, f, t], m[14, f, t], m[15, f, t] = _a_col(-y10, -y11)
+                t += 1
+
+
+@jit
+def _gt_row(a0, a1, a2, a3):
+    """Gᵀ·(a0..a3)ᵀ: 4 values to 3 (the adjoint of `_g_cols`)."""
+    h = 0.5 * (a1 + a2)
+    return a0 + h, 0.5 * (a1 - a2), h + a3
+
+
+@pjit
+def filters_adjoint_add(dw, du):
+    """dw: (n, c, 3, 3) weight gradient, ADDED to: Gᵀ dU G per filter (the adjoint of `filters`);
+    du: (16, n, c)."""
+    n, c = dw.shape[0], dw.shape[1]
+    for nc in prange(n * c):
+        f = nc // c
+        ch = nc % c
+        # Gᵀ dU: each column j of the 4x4 dU to 3 values, rows t_i
+        t00, t10, t20 = _gt_row(du[0, f, ch], du[4, f, ch], du[8, f, ch], du[12, f, ch])
+        t01, t11, t21 = _gt_row(du[1, f, ch], du[5, f, ch], du[9, f, ch], du[13, f, ch])
+        t02, t12, t22 = _gt_row(du[2, f, ch], du[6, f, ch], du[10, f, ch], du[14, f, ch])
+        t03, t13, t23 = _gt_row(du[3, f, ch], du[7, f, ch], du[11, f, ch], du[15, f, ch])
+        # (Gᵀ dU) G: each row to 3 values
+        g = dw[f, ch]
+        a, b_, c_ = _gt_row(t00, t01, t02, t03)
+        g[0, 0] += a
+        g[0, 1] += b_
+        g[0, 2] += c_
+        a, b_, c_ = _gt_row(t10, t11, t12, t13)
+        g[1, 0] += a
+        g[1, 1] += b_
+        g[1, 2] += c_
+        a, b_, c_ = _gt_row(t20, t21, t22, t23)
+        g[2, 0] += a
+        g[2, 1] += b_
+        g[2, 2] += c_

@@ -319,6 +319,25 @@ class ConvolutionalLayer(Layer):
                 np.matmul(u[xi], v[xi], out=m[xi])
             wg.outputs(y[b0:b1], m, add)
 
+    def _winograd_weight_grad(self, x: np.ndarray, dy: np.ndarray) -> None:
+        """weights.grad += the gradient of the Winograd forward, exactly the convolution's: per
+        chunk, dM = A dY Aᵀ per tile (dy (B, n, oh, ow)), the 16 GEMMs dU[ξ] = dM[ξ] @ V[ξ]ᵀ with V
+        the input's transform (x (B, c, h, w)), and Gᵀ dU G added into the gradient."""
+        n, c = self.n, self.in_shape[0]
+        th, tw = wg.tiles(*dy.shape[2:])
+        du = _xi_view(0, n, c, self.dtype)
+        off = _xi_size(n, c)
+        for b0 in range(0, self.batch, self.wchunk):
+            b1 = min(b0 + self.wchunk, self.batch)
+            tiles = (b1 - b0) * th * tw
+            v = _xi_view(off, c, tiles, self.dtype)
+            dm = _xi_view(off + _xi_size(c, tiles), n, tiles, self.dtype)
+            wg.inputs(v, x[b0:b1], self.padding)
+            wg.outputs_adjoint(dm, dy[b0:b1])
+            for xi in range(16):
+                np.matmul(dm[xi], v[xi].T, out=du[xi])
+            wg.filters_adjoint_add(self.weights.grad, du)
+
     def backward(self, s: State) -> None:
         _, oh, ow = self.out_shape
         d = self.delta.reshape(self.batch, self.n, oh * ow)
@@ -328,12 +347,13 @@ class ConvolutionalLayer(Layer):
         wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
         wgrad = self.weights.grad.reshape(wmat.shape)
         rows, cols = self.col_shape
-        for items, j, cin, fout in self._chunks():
+        if self.winograd:
+            self._winograd_weight_grad(x, d.reshape(self.batch, self.n, oh, ow))
+        for items, j, cin, fout in ([] if self.winograd else self._chunks()):
             dg = d[items, fout]
             nb = dg.shape[0]
             if not self.wide:
-                self._backward_stacked(dg, x[items, cin],
-                                       None if prev is None or self.winograd else prev[items, cin],
+                self._backward_stacked(dg, x[items, cin], None if prev is None else prev[items, cin],
                                        wmat[j], wgrad[j])
                 continue
             if nb == 1:
@@ -345,7 +365,7 @@ class ConvolutionalLayer(Layer):
             col = self._columns(x[items, cin])
             np.matmul(dm, col.T, out=self.wgrad_tmp)
             wgrad[j] += self.wgrad_tmp
-            if prev is None or self.winograd:
+            if prev is None:
                 continue
             dcol = ic.get((rows, nb * cols), self.dtype)     # the columns are used up: reuse them
             np.matmul(wmat[j].T, dm, out=dcol)
