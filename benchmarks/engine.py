@@ -301,8 +301,11 @@ class Worker:
     def __init__(self, kind: str, threads: int):
         self.kind = kind
         self.log = tempfile.TemporaryFile(mode="w+")
+        # darkpy's process gets the OpenBLAS setting the `darkpy` command makes for itself (see
+        # darkpy/__init__.py; here numpy is imported before darkpy, too late for that line)
+        extra = {"OPENBLAS_THREAD_TIMEOUT": "4"} if kind == "darkpy" else {}
         self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.engine", kind], cwd=ROOT,
-                                     env=worker_env(threads), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env=worker_env(threads, **extra), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, text=True)
 
     def call(self, op: str, **args) -> dict:

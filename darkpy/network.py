@@ -7,7 +7,9 @@ State rules (DESIGN §4), each enforced here and tested:
 2. Deltas are zeroed at each forward (before any layer runs) and accumulate (+=) in backward, so an
    output consumed twice (route, shortcut) receives the sum of both paths.
 3. Parameter gradients accumulate across `subdivisions` mini-batches; `update()` consumes them.
-4. `resize()` and `set_batch()` reallocate every buffer and invalidate the truth flag.
+4. `resize()` and `set_batch()` reallocate every buffer and invalidate the truth flag. The
+   training-only buffers (deltas, losses, backward caches) are dropped there and allocated again by
+   the first forward that needs them (`allocate_training`): an inference-only network never holds them.
 5. Cost is reported as Darknet's sum (`cost`, mean over cost layers as Darknet does) and per element
    (`cost_mean`), so runs with different batch sizes compare.
 """
@@ -293,6 +295,13 @@ class Network:
         self._deltas_dirty = False
         self.cost = self.cost_mean = None
 
+    def allocate_training(self) -> None:
+        """Make every layer's training-only buffers exist (deltas, losses, backward caches) at the
+        current batch and shape; a no-op for those that do. A training forward calls it; so may a
+        caller that drives `Layer.backward` itself."""
+        for layer in self.layers:
+            layer.allocate_training()
+
     def set_batch(self, batch: int) -> None:
         """Change the rows per forward pass; reallocates every buffer (DESIGN §4 rule 4)."""
         self.allocate(batch)
@@ -333,6 +342,8 @@ class Network:
                                  f"{self.truths}")
             np.copyto(self.truth, truth.reshape(self.truth.shape), casting="same_kind")
         t = self.truth if truth is not None else None
+        if train:                       # (a forward with truth alone: cost layers size their own)
+            self.allocate_training()
         if self._deltas_dirty:
             for layer in self.layers:
                 layer.delta.fill(0)

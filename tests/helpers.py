@@ -55,6 +55,7 @@ def layer_gradcheck(cfg_text: str, index: int, *, train: bool = True, seed: int 
     rng = np.random.default_rng(seed)
     x = rng.uniform(*input_range, size=net.input.shape)
     net.forward(x, train=train)
+    net.allocate_training()     # after an inference forward too: the backward below needs deltas
     layer = net.layers[index]
     r = rng.standard_normal(layer.output.shape)
 

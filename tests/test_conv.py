@@ -382,6 +382,7 @@ def test_wide_gemm_path_matches_stacked(monkeypatch, size, stride, pad, groups, 
                                            batch_normalize=True, activation="swish", dtype=np.float64)
         layer.init_weights(np.random.default_rng(1))
         layer.allocate(batch)
+        layer.allocate_training()           # delta: this test drives backward without a network
         assert layer.wide == (threshold == 0 and batch > 1)
         prev = np.zeros_like(x)
         s = State(input=x, delta=prev, truth=None, train=True, layers=[])

@@ -61,6 +61,7 @@ def test_backward_after_inference_forward_is_identity():
     net = drop_net(p=0.5, dtype=np.float64)
     x = np.random.default_rng(2).uniform(-1, 1, net.input.shape)
     net.forward(x, train=False)
+    net.allocate_training()                 # the deltas a training forward would have sized
     layer = net.layers[1]
     layer.delta[...] = x
     net.layers[0].delta.fill(1.0)

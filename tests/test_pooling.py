@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from darkpy import CfgError
+from darkpy.kernels import PARALLEL_MIN
 from darkpy.layers.base import State
+from darkpy.layers.pooling import EMPTY
 from darkpy.network import network_from_text
 from helpers import assert_close, layer_gradcheck
 from layer_checks import check_outputs, run_golden, run_standalone
@@ -77,6 +79,49 @@ def test_window_pool_matches_reference(kind, op, size, sy, sx, padding):
         assert_close(net.layers[1].output[b], ref_pool(x[b], size, sy, sx, pad, op), 1e-12, 1e-12, kind)
 
 
+def ref_argmax(x, size, sy, sx, padding):
+    """x (c, h, w) -> (max, flat index into x) of each window, in float64: the FIRST maximum in
+    row-major window order over the in-image positions (Darknet's `>`); (EMPTY, -1) for a window
+    with no in-image position."""
+    c, h, w = x.shape
+    off = -int(padding / 2)
+    oh, ow = (h + padding - size) // sy + 1, (w + padding - size) // sx + 1
+    out, idx = np.full((c, oh, ow), EMPTY), np.full((c, oh, ow), -1)
+    for k in range(c):
+        for i in range(oh):
+            for j in range(ow):
+                for y in range(off + i * sy, off + i * sy + size):
+                    for xx in range(off + j * sx, off + j * sx + size):
+                        if 0 <= y < h and 0 <= xx < w and (idx[k, i, j] < 0 or x[k, y, xx] > out[k, i, j]):
+                            out[k, i, j], idx[k, i, j] = x[k, y, xx], (k * h + y) * w + xx
+    return out, idx
+
+
+@pytest.mark.parametrize("size,sy,sx,padding", GEOMETRIES + [(2, 1, 1, 5), (3, 2, 2, 6)])
+@pytest.mark.parametrize("c", [3, 120])     # 120 planes: above PARALLEL_MIN inputs, the parallel loop
+def test_maxpool_argmax_and_inference_pass_match_reference(size, sy, sx, padding, c):
+    """The training pass records the first maximum's index (many ties: values from a small set) at
+    every window position, edge windows and windows entirely outside the image included; the
+    inference pass, which records none, outputs the same values."""
+    h, w = 13, 17
+    pad = size - 1 if padding is None else padding
+    if (h + pad - size) // sy + 1 < 1 or (w + pad - size) // sx + 1 < 1:
+        pytest.skip("window does not fit")
+    net = pool_net(_section("maxpool", size, sy, sx, padding), c=c, h=h, w=w, batch=2, dtype=np.float32)
+    layer = net.layers[1]
+    assert (net.layers[0].output.size >= PARALLEL_MIN) == (c == 120)
+    x = np.random.default_rng(size + 10 * sy + 100 * sx).integers(-3, 4, net.input.shape).astype(np.float32)
+    net.forward(x, train=True)
+    trained = layer.output.copy()
+    for b in range(2):
+        out, idx = ref_argmax(x[b].astype(np.float64), size, sy, sx, pad)
+        assert np.array_equal(trained[b], out)
+        assert np.array_equal(layer.indexes[b], np.where(idx >= 0, idx + b * x[b].size, -1))
+    layer.output.fill(7)
+    net.forward(x)
+    assert np.array_equal(layer.output, trained)
+
+
 @pytest.mark.parametrize("h,size,stride,padding,expected", [
     (13, 2, 2, None, 7), (13, 2, 1, None, 13), (7, 3, 2, None, 4), (4, 3, 2, 0, 1), (4, 2, 2, 0, 2)])
 def test_maxpool_output_sizes(h, size, stride, padding, expected):
@@ -115,7 +160,7 @@ def test_avgpool_gradcheck():
 
 def test_maxpool_backward_adds_only_at_the_argmax():
     net = pool_net("[maxpool]\nsize=2\nstride=2", c=1, h=2, w=2, batch=1)
-    net.forward(np.array([[[[0.1, 0.7], [0.3, -0.2]]]]))
+    net.forward(np.array([[[[0.1, 0.7], [0.3, -0.2]]]]), train=True)    # records the argmaxes
     assert net.layers[1].indexes.reshape(-1).tolist() == [1]
     net.layers[0].delta.fill(1.0)
     net.layers[1].delta[...] = 2.0
@@ -127,6 +172,7 @@ def test_maxpool_backward_adds_only_at_the_argmax():
 def test_windows_entirely_outside_the_image_output_darknet_min_and_no_gradient():
     net = pool_net("[maxpool]\nsize=2\nstride=1\npadding=5", c=1, h=3, w=3, batch=1)   # origin -2
     net.forward(np.full(net.input.shape, 0.5))
+    net.allocate_training()                 # the deltas a training forward would have sized
     out = net.layers[1].output[0, 0]
     assert out.shape == (7, 7) and out[0, 0] == -3.4028234663852886e38 and out[1, 1] == 0.5
     net.layers[1].delta.fill(1.0)

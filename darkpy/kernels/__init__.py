@@ -21,3 +21,11 @@ import numba  # noqa: E402
 jit = functools.partial(numba.njit, cache=True, nogil=True)
 #: Parallel kernel: as `jit`, with `prange` loops spread over numba's thread pool.
 pjit = functools.partial(numba.njit, cache=True, nogil=True, parallel=True)
+
+#: Values a `pjit` kernel must touch before it runs its loop in parallel. Waking numba's threads
+#: costs ~10 µs per parallel region (measured on 2 cores, more under load), about what one core
+#: needs to pass over 32k floats; below this size every `pjit` kernel takes its serial branch
+#: (`if n < PARALLEL_MIN: ... range ... else: ... prange ...`), which starts no thread at all.
+#: Batch-1 inference runs dozens of such small kernels per image. (A kernel module reads it when
+#: it compiles: clear the numba cache after changing it.)
+PARALLEL_MIN = 1 << 15

@@ -18,7 +18,7 @@ import numpy as np
 
 from numba import prange
 
-from . import jit, pjit
+from . import PARALLEL_MIN, jit, pjit
 
 NAMES = ("logistic", "relu", "relie", "linear", "ramp", "tanh", "plse", "leaky", "elu", "loggy",
          "stair", "hardtan", "lhtan", "selu", "swish", "mish", "hard_mish", "gelu", "relu6", "revleaky")
@@ -162,23 +162,71 @@ def _grad(y, x, a):
     return 1.0
 
 
-@pjit
-def activate(x, a):
-    """x: (n,) flat, any float dtype; x[i] = f(x[i]) in place."""
+#: Values per parallel block of the flat element-wise kernels (16 KiB of float32: a block stays in
+#: L1 between the passes a fused kernel makes over it).
+BLOCK = 1 << 12
+
+
+@jit
+def activate_span(x, a):
+    """x: (n,) flat, in place: x[i] = f(x[i]). The common activations run as tight loops the
+    compiler vectorises, with the same formulas (so the same values) as `_act`, which the rest go
+    through (a call per element, ~10x slower). Kernels pass a slice `x[lo:hi]`: looping from 0
+    lets numba drop its negative-index checks, without which nothing vectorises. The leaky/relu
+    loops multiply by the slope (v·1 == v exactly) rather than select v: an in-place select turns
+    into a masked store, which AMD cores run several times slower."""
+    n = x.shape[0]
     if a == LINEAR:
         return
-    for i in prange(x.shape[0]):
-        x[i] = _act(x[i], a)
+    if a == LEAKY:
+        for i in range(n):
+            v = x[i]
+            x[i] = v * (1.0 if v > 0 else 0.1)
+    elif a == RELU:
+        for i in range(n):
+            v = x[i]
+            x[i] = v * (1.0 if v > 0 else 0.0)
+    elif a == LOGISTIC:
+        for i in range(n):
+            x[i] = 1.0 / (1.0 + math.exp(-x[i]))
+    else:
+        for i in range(n):
+            x[i] = _act(x[i], a)
+
+
+@jit
+def _gradient_span(delta, y, x, a):
+    for i in range(delta.shape[0]):
+        delta[i] *= _grad(y[i], x[i], a)
+
+
+@pjit
+def activate(x, a):
+    """x: (n,) flat, any float dtype; x[i] = f(x[i]) in place. Serial below PARALLEL_MIN values,
+    else parallel over BLOCK-sized spans."""
+    n = x.shape[0]
+    if a == LINEAR:
+        return
+    if n < PARALLEL_MIN:
+        activate_span(x, a)
+        return
+    for k in prange((n + BLOCK - 1) // BLOCK):
+        activate_span(x[k * BLOCK:(k + 1) * BLOCK], a)
 
 
 @pjit
 def gradient(delta, y, x, a):
     """delta, y: (n,); x: (n,) pre-activation (read only for swish/mish/hard_mish/gelu, else any
-    array). delta[i] *= f'(x[i]), in place."""
+    array). delta[i] *= f'(x[i]), in place; serial below PARALLEL_MIN values."""
+    n = delta.shape[0]
     if a == LINEAR:
         return
-    for i in prange(delta.shape[0]):
-        delta[i] *= _grad(y[i], x[i], a)
+    if n < PARALLEL_MIN:
+        _gradient_span(delta, y, x, a)
+        return
+    for k in prange((n + BLOCK - 1) // BLOCK):
+        lo = k * BLOCK
+        _gradient_span(delta[lo:lo + BLOCK], y[lo:lo + BLOCK], x[lo:lo + BLOCK], a)
 
 
 def activate_array(x: np.ndarray, act: int) -> None:

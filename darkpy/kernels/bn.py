@@ -24,7 +24,7 @@ import math
 
 from numba import prange
 
-from . import jit, pjit
+from . import PARALLEL_MIN, jit, pjit
 from .activations import GELU, HARD_MISH, LEAKY, LINEAR, LOGISTIC, MISH, RELU, SWISH, _act, _grad
 
 EPS = 1e-5              # inside the square root (darkpy, cuDNN, Darknet GPU, AlexeyAB)
@@ -93,18 +93,39 @@ def _grad_row(d, y, pre, a):
     return acc
 
 
+@jit(inline="always")
+def _bias_act_rows(y, pre, biases, act, keep_pre, bc):
+    nc = y.shape[1]
+    b = bc // nc
+    c = bc % nc
+    if keep_pre:
+        p = pre[b, c]
+        r = y[b, c]
+        for s in range(r.shape[0]):
+            p[s] = r[s] + biases[c]
+    _affine_act_row(y[b, c], 1.0, biases[c], act)
+
+
 @pjit
 def bias_act_forward(y, pre, biases, act, keep_pre):
     """y: (B, C, S) raw product, in place -> act(y + biases[c]); pre: (B, C, S) receives y + biases
-    when keep_pre (activations whose gradient needs the input), else unused; biases: (C,)."""
-    nb, nc, ns = y.shape
-    for bc in prange(nb * nc):
-        b = bc // nc
-        c = bc % nc
-        if keep_pre:
-            for s in range(ns):
-                pre[b, c, s] = y[b, c, s] + biases[c]
-        _affine_act_row(y[b, c], 1.0, biases[c], act)
+    when keep_pre (activations whose gradient needs the input), else unused; biases: (C,).
+    Parallel over (item, channel) rows; serial below PARALLEL_MIN values (as every kernel here)."""
+    nb, nc = y.shape[:2]
+    if y.size < PARALLEL_MIN:
+        for bc in range(nb * nc):
+            _bias_act_rows(y, pre, biases, act, keep_pre, bc)
+    else:
+        for bc in prange(nb * nc):
+            _bias_act_rows(y, pre, biases, act, keep_pre, bc)
+
+
+@jit(inline="always")
+def _bias_act_grad_channel(delta, y, pre, bias_grad, act, c):
+    acc = 0.0
+    for b in range(delta.shape[0]):
+        acc += _grad_row(delta[b, c], y[b, c], pre[b, c], act)
+    bias_grad[c] += acc
 
 
 @pjit
@@ -112,12 +133,48 @@ def bias_act_backward(delta, y, pre, bias_grad, act):
     """delta: (B, C, S) gradient w.r.t. the activated output, in place -> w.r.t. the raw product;
     y: (B, C, S) activated output; pre: (B, C, S) pre-activation (read only when the activation needs
     it, else any (B, C, S) array); bias_grad: (C,) += Σ delta over items and positions."""
-    nb, nc, ns = delta.shape
-    for c in prange(nc):
-        acc = 0.0
-        for b in range(nb):
-            acc += _grad_row(delta[b, c], y[b, c], pre[b, c], act)
-        bias_grad[c] += acc
+    nc = delta.shape[1]
+    if delta.size < PARALLEL_MIN:
+        for c in range(nc):
+            _bias_act_grad_channel(delta, y, pre, bias_grad, act, c)
+    else:
+        for c in prange(nc):
+            _bias_act_grad_channel(delta, y, pre, bias_grad, act, c)
+
+
+@jit(inline="always")
+def _bn_train_channel(y, xnorm, mean, var, rolling_mean, rolling_var, scales, biases, act,
+                      darknet_cpu, c):
+    nb, _, ns = y.shape
+    n = nb * ns
+    acc = 0.0
+    for b in range(nb):
+        r = y[b, c]
+        for s in range(ns):
+            acc += r[s]
+    m = acc / n
+    acc = 0.0
+    for b in range(nb):
+        r = y[b, c]
+        for s in range(ns):
+            t = r[s] - m
+            acc += t * t
+    v = acc / max(n - 1, 1)
+    mean[c] = m
+    var[c] = v
+    rolling_mean[c] = (1 - MOMENTUM) * rolling_mean[c] + MOMENTUM * m
+    rolling_var[c] = (1 - MOMENTUM) * rolling_var[c] + MOMENTUM * v
+    if darknet_cpu:
+        inv = 1.0 / (math.sqrt(v) + DARKNET_CPU_EPS)
+    else:
+        inv = 1.0 / math.sqrt(v + EPS)
+    for b in range(nb):
+        r = y[b, c]
+        xn = xnorm[b, c]
+        for s in range(ns):
+            xn[s] = (r[s] - m) * inv
+            r[s] = xn[s]
+        _affine_act_row(r, scales[c], biases[c], act)
 
 
 @pjit
@@ -125,49 +182,83 @@ def bn_act_forward_train(y, xnorm, mean, var, rolling_mean, rolling_var, scales,
                          darknet_cpu):
     """Training-mode BN + activation, in place on y: (B, C, S). xnorm: (B, C, S) receives x̂;
     mean, var: (C,) receive the batch statistics; rolling_mean, rolling_var: (C,) updated;
-    scales, biases: (C,) γ and β."""
-    nb, nc, ns = y.shape
-    n = nb * ns
-    for c in prange(nc):
-        acc = 0.0
-        for b in range(nb):
-            for s in range(ns):
-                acc += y[b, c, s]
-        m = acc / n
-        acc = 0.0
-        for b in range(nb):
-            for s in range(ns):
-                t = y[b, c, s] - m
-                acc += t * t
-        v = acc / max(n - 1, 1)
-        mean[c] = m
-        var[c] = v
-        rolling_mean[c] = (1 - MOMENTUM) * rolling_mean[c] + MOMENTUM * m
-        rolling_var[c] = (1 - MOMENTUM) * rolling_var[c] + MOMENTUM * v
-        if darknet_cpu:
-            inv = 1.0 / (math.sqrt(v) + DARKNET_CPU_EPS)
-        else:
-            inv = 1.0 / math.sqrt(v + EPS)
-        for b in range(nb):
-            for s in range(ns):
-                xnorm[b, c, s] = (y[b, c, s] - m) * inv
-                y[b, c, s] = xnorm[b, c, s]
-            _affine_act_row(y[b, c], scales[c], biases[c], act)
+    scales, biases: (C,) γ and β. Parallel over channels."""
+    nc = y.shape[1]
+    if y.size < PARALLEL_MIN:
+        for c in range(nc):
+            _bn_train_channel(y, xnorm, mean, var, rolling_mean, rolling_var, scales, biases, act,
+                              darknet_cpu, c)
+    else:
+        for c in prange(nc):
+            _bn_train_channel(y, xnorm, mean, var, rolling_mean, rolling_var, scales, biases, act,
+                              darknet_cpu, c)
+
+
+@jit(inline="always")
+def _bn_infer_row(y, rolling_mean, rolling_var, scales, biases, act, darknet_cpu, bc):
+    nc = y.shape[1]
+    c = bc % nc
+    if darknet_cpu:
+        inv = 1.0 / (math.sqrt(rolling_var[c]) + DARKNET_CPU_EPS)
+    else:
+        inv = 1.0 / math.sqrt(rolling_var[c] + EPS)
+    k = scales[c] * inv
+    _affine_act_row(y[bc // nc, c], k, biases[c] - rolling_mean[c] * k, act)
 
 
 @pjit
 def bn_act_forward_infer(y, rolling_mean, rolling_var, scales, biases, act, darknet_cpu):
-    """Inference BN (rolling statistics) + activation, in place on y: (B, C, S); the rest (C,)."""
-    nb, nc, ns = y.shape
-    for bc in prange(nb * nc):
-        b = bc // nc
-        c = bc % nc
-        if darknet_cpu:
-            inv = 1.0 / (math.sqrt(rolling_var[c]) + DARKNET_CPU_EPS)
-        else:
-            inv = 1.0 / math.sqrt(rolling_var[c] + EPS)
-        k = scales[c] * inv
-        _affine_act_row(y[b, c], k, biases[c] - rolling_mean[c] * k, act)
+    """Inference BN (rolling statistics) + activation, in place on y: (B, C, S); the rest (C,).
+    Parallel over (item, channel) rows."""
+    nb, nc = y.shape[:2]
+    if y.size < PARALLEL_MIN:
+        for bc in range(nb * nc):
+            _bn_infer_row(y, rolling_mean, rolling_var, scales, biases, act, darknet_cpu, bc)
+    else:
+        for bc in prange(nb * nc):
+            _bn_infer_row(y, rolling_mean, rolling_var, scales, biases, act, darknet_cpu, bc)
+
+
+@jit(inline="always")
+def _bn_grad_channel(delta, y, xnorm, var, scales, biases, bias_grad, scale_grad, act, pre,
+                     darknet_cpu, c):
+    nb, _, ns = delta.shape
+    n = nb * ns
+    keep_pre = needs_input(act)
+    g = scales[c]
+    beta = biases[c]
+    sd = 0.0   # Σ δ
+    sdx = 0.0  # Σ δ·x̂
+    for b in range(nb):
+        d = delta[b, c]
+        xn = xnorm[b, c]
+        if keep_pre:
+            p = pre[b, c]
+            for s in range(ns):
+                p[s] = g * xn[s] + beta
+        sd += _grad_row(d, y[b, c], pre[b, c], act)
+        for s in range(ns):
+            sdx += d[s] * xn[s]
+    bias_grad[c] += sd
+    scale_grad[c] += sdx
+    v = var[c]
+    sigma = math.sqrt(v + EPS)
+    if darknet_cpu:
+        # x − μ = x̂·(sqrt(σ²) + 1e-6); variance term ÷N as Darknet's backward does.
+        fwd = math.sqrt(v) + DARKNET_CPU_EPS
+        nv = n
+    else:
+        fwd = sigma
+        nv = max(n - 1, 1)
+    # with dx̂ = γ·δ and r = x − μ: dx = dx̂/σ − Σdx̂/(N·σ) − r·Σ(dx̂·r)/(σ³·nv)
+    k_d = g / sigma
+    k_mean = g * sd / (n * sigma)
+    k_var = g * sdx * fwd * fwd / (sigma * sigma * sigma * nv)
+    for b in range(nb):
+        d = delta[b, c]
+        xn = xnorm[b, c]
+        for s in range(ns):
+            d[s] = k_d * d[s] - k_mean - xn[s] * k_var
 
 
 @pjit
@@ -177,37 +268,13 @@ def bn_act_backward(delta, y, xnorm, var, scales, biases, bias_grad, scale_grad,
     (before normalisation); y, xnorm: (B, C, S) output and x̂ of the last training forward; var: (C,)
     that forward's batch variance; scales, biases: (C,); bias_grad, scale_grad: (C,) accumulated;
     pre: (B, C, S) scratch that receives γ·x̂ + β, the pre-activation, for the activations whose
-    gradient needs it (else any (B, C, S) array, untouched)."""
-    nb, nc, ns = delta.shape
-    n = nb * ns
-    keep_pre = needs_input(act)
-    for c in prange(nc):
-        g = scales[c]
-        beta = biases[c]
-        sd = 0.0   # Σ δ
-        sdx = 0.0  # Σ δ·x̂
-        for b in range(nb):
-            if keep_pre:
-                for s in range(ns):
-                    pre[b, c, s] = g * xnorm[b, c, s] + beta
-            sd += _grad_row(delta[b, c], y[b, c], pre[b, c], act)
-            for s in range(ns):
-                sdx += delta[b, c, s] * xnorm[b, c, s]
-        bias_grad[c] += sd
-        scale_grad[c] += sdx
-        v = var[c]
-        sigma = math.sqrt(v + EPS)
-        if darknet_cpu:
-            # x − μ = x̂·(sqrt(σ²) + 1e-6); variance term ÷N as Darknet's backward does.
-            fwd = math.sqrt(v) + DARKNET_CPU_EPS
-            nv = n
-        else:
-            fwd = sigma
-            nv = max(n - 1, 1)
-        # with dx̂ = γ·δ and r = x − μ: dx = dx̂/σ − Σdx̂/(N·σ) − r·Σ(dx̂·r)/(σ³·nv)
-        k_d = g / sigma
-        k_mean = g * sd / (n * sigma)
-        k_var = g * sdx * fwd * fwd / (sigma * sigma * sigma * nv)
-        for b in range(nb):
-            for s in range(ns):
-                delta[b, c, s] = k_d * delta[b, c, s] - k_mean - xnorm[b, c, s] * k_var
+    gradient needs it (else any (B, C, S) array, untouched). Parallel over channels."""
+    nc = delta.shape[1]
+    if delta.size < PARALLEL_MIN:
+        for c in range(nc):
+            _bn_grad_channel(delta, y, xnorm, var, scales, biases, bias_grad, scale_grad, act, pre,
+                             darknet_cpu, c)
+    else:
+        for c in prange(nc):
+            _bn_grad_channel(delta, y, xnorm, var, scales, biases, bias_grad, scale_grad, act, pre,
+                             darknet_cpu, c)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from . import jit, pjit
+from . import PARALLEL_MIN, jit, pjit
 
 _WORKSPACES: dict[np.dtype, np.ndarray] = {}
 
@@ -60,34 +60,6 @@ def get(shape: tuple, dtype, offset: int = 0) -> np.ndarray:
     return ws[offset:offset + n].reshape(shape)
 
 
-@pjit
-def im2col(col, x, k, stride_y, stride_x, pad, dilation, out_h, out_w):
-    """col: (nb, c·k·k, out_h·out_w) output; x: (nb, c, h, w) input images.
-    Row r = (ci·k + ky)·k + kx of col[b] holds x[b, ci, oy·sy − pad + ky·d, ox·sx − pad + kx·d]
-    (zero outside the image)."""
-    nb, c, h, w = x.shape
-    rows = c * k * k
-    for br in prange(nb * rows):
-        b = br // rows
-        r = br % rows
-        kx = r % k
-        ky = (r // k) % k
-        ci = r // (k * k)
-        for oy in range(out_h):
-            iy = oy * stride_y - pad + ky * dilation
-            base = oy * out_w
-            if iy < 0 or iy >= h:
-                for ox in range(out_w):
-                    col[b, r, base + ox] = 0
-                continue
-            for ox in range(out_w):
-                ix = ox * stride_x - pad + kx * dilation
-                if ix >= 0 and ix < w:
-                    col[b, r, base + ox] = x[b, ci, iy, ix]
-                else:
-                    col[b, r, base + ox] = 0
-
-
 @jit
 def _valid_range(off, stride, size, out):
     """The output positions o in [lo, hi) whose input index o·stride + off lies in [0, size)."""
@@ -97,26 +69,97 @@ def _valid_range(off, stride, size, out):
     return min(lo, hi), hi
 
 
+@jit
+def _im2col_rows(col, x, t, k, stride_y, stride_x, pad, dilation, out_h, out_w):
+    """The k rows (ci, ky, 0..k-1) of item b of `im2col`, t = (b·c + ci)·k + ky. Per output row:
+    zeros where the input row is outside the image, else zeros at the left and right edges and a
+    strided copy of the valid span between them (a plain copy for stride 1), no per-element test.
+    Loops run from 0 over slices, which lets numba drop its negative-index checks (without that
+    nothing vectorises): 2-5x faster than a test per element on 224-416 wide rows, on par at 7-28.
+    (Tasks of k rows: a third of the integer divisions of one task per row.)"""
+    _, c, h, w = x.shape
+    b = t // (c * k)
+    ci = (t // k) % c
+    ky = t % k
+    plane = x[b, ci]
+    for kx in range(k):
+        xoff = kx * dilation - pad
+        lo, hi = _valid_range(xoff, stride_x, w, out_w)
+        dst = col[b, (ci * k + ky) * k + kx]
+        for oy in range(out_h):
+            iy = oy * stride_y - pad + ky * dilation
+            d = dst[oy * out_w:(oy + 1) * out_w]
+            if iy < 0 or iy >= h:
+                for q in range(out_w):
+                    d[q] = 0
+                continue
+            for q in range(lo):
+                d[q] = 0
+            for q in range(hi, out_w):
+                d[q] = 0
+            dv = d[lo:hi]
+            src = plane[iy, lo * stride_x + xoff:]
+            if stride_x == 1:
+                for q in range(hi - lo):
+                    dv[q] = src[q]
+            else:
+                for q in range(hi - lo):
+                    dv[q] = src[q * stride_x]
+
+
+@pjit
+def im2col(col, x, k, stride_y, stride_x, pad, dilation, out_h, out_w):
+    """col: (nb, c·k·k, out_h·out_w) output; x: (nb, c, h, w) input images.
+    Row r = (ci·k + ky)·k + kx of col[b] holds x[b, ci, oy·sy − pad + ky·d, ox·sx − pad + kx·d]
+    (zero outside the image). Parallel over (item, channel, ky), serial below PARALLEL_MIN values."""
+    nb, c = x.shape[:2]
+    if col.size < PARALLEL_MIN:
+        for t in range(nb * c * k):
+            _im2col_rows(col, x, t, k, stride_y, stride_x, pad, dilation, out_h, out_w)
+    else:
+        for t in prange(nb * c * k):
+            _im2col_rows(col, x, t, k, stride_y, stride_x, pad, dilation, out_h, out_w)
+
+
+@jit
+def _col2im_channel(x, col, bc, k, stride_y, stride_x, pad, dilation, out_h, out_w):
+    """Input channel ci of item b (bc = b·c + ci) of `col2im_add`: for each of its k·k column rows
+    and each output row inside the image, the valid span is added back with no per-element test."""
+    _, c, h, w = x.shape
+    b = bc // c
+    ci = bc % c
+    plane = x[b, ci]
+    for ky in range(k):
+        for kx in range(k):
+            src = col[b, (ci * k + ky) * k + kx]
+            xoff = kx * dilation - pad
+            lo, hi = _valid_range(xoff, stride_x, w, out_w)
+            for oy in range(out_h):
+                iy = oy * stride_y - pad + ky * dilation
+                if iy < 0 or iy >= h:
+                    continue
+                dst = plane[iy, lo * stride_x + xoff:]
+                sv = src[oy * out_w + lo:oy * out_w + hi]
+                if stride_x == 1:
+                    for t in range(hi - lo):
+                        dst[t] += sv[t]
+                else:
+                    for t in range(hi - lo):
+                        dst[t * stride_x] += sv[t]
+
+
 @pjit
 def col2im_add(x, col, k, stride_y, stride_x, pad, dilation, out_h, out_w):
     """x: (nb, c, h, w) delta, ADDED to; col: (nb, c·k·k, out_h·out_w). The adjoint of `im2col`.
-    One thread per (item, input channel), so no two threads write the same element."""
-    nb, c, h, w = x.shape
-    for bc in prange(nb * c):
-        b = bc // c
-        ci = bc % c
-        for ky in range(k):
-            for kx in range(k):
-                r = (ci * k + ky) * k + kx
-                xoff = kx * dilation - pad
-                lo, hi = _valid_range(xoff, stride_x, w, out_w)
-                for oy in range(out_h):
-                    iy = oy * stride_y - pad + ky * dilation
-                    if iy < 0 or iy >= h:
-                        continue
-                    base = oy * out_w
-                    for ox in range(lo, hi):
-                        x[b, ci, iy, ox * stride_x + xoff] += col[b, r, base + ox]
+    One thread per (item, input channel), so no two threads write the same element; serial below
+    PARALLEL_MIN values."""
+    nb, c = x.shape[:2]
+    if col.size < PARALLEL_MIN:
+        for bc in range(nb * c):
+            _col2im_channel(x, col, bc, k, stride_y, stride_x, pad, dilation, out_h, out_w)
+    else:
+        for bc in prange(nb * c):
+            _col2im_channel(x, col, bc, k, stride_y, stride_x, pad, dilation, out_h, out_w)
 
 
 @pjit

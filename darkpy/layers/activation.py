@@ -30,8 +30,14 @@ class ActivationLayer(Layer):
 
     def allocate(self, batch: int) -> None:
         super().allocate(batch)
-        self.scratch = np.zeros_like(self.output)
-        self.x = np.zeros_like(self.output) if act.needs_input(self.act) else np.zeros((0,), self.dtype)
+        self.x = np.zeros((0,), self.dtype)         # both training-only: allocate_training
+        self.scratch = np.zeros((0,), self.dtype)
+
+    def allocate_training(self) -> None:
+        super().allocate_training()
+        self.scratch = self.training_buffer(self.scratch)
+        if act.needs_input(self.act):
+            self.x = self.training_buffer(self.x)
 
     def forward(self, s: State) -> None:
         src = s.input.reshape(self.output.shape)

@@ -98,9 +98,15 @@ class _Gate(Layer):
 
     def allocate(self, batch: int) -> None:
         super().allocate(batch)
-        linear = self.act == act.LINEAR
-        self.scratch = np.zeros((0,), self.dtype) if linear else np.zeros_like(self.output)
-        self.x = np.zeros_like(self.output) if act.needs_input(self.act) else np.zeros((0,), self.dtype)
+        self.x = np.zeros((0,), self.dtype)         # both training-only: allocate_training
+        self.scratch = np.zeros((0,), self.dtype)
+
+    def allocate_training(self) -> None:
+        super().allocate_training()
+        if self.act != act.LINEAR:
+            self.scratch = self.training_buffer(self.scratch)
+        if act.needs_input(self.act):
+            self.x = self.training_buffer(self.x)
 
     def mismatch(self, prev: Shape, frm: Shape) -> str | None:
         raise NotImplementedError

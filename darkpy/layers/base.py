@@ -4,9 +4,14 @@ A layer family subclasses `Layer`, sets `kind` (the canonical section name) and 
 registered with `@register`. The network builder looks classes up by section name; nothing in darkpy
 dispatches on layer names with if/elif.
 
-Buffers: every layer owns `output` and `delta`, shaped `(batch, *out_shape)`, allocated in
-`allocate(batch)` and nowhere else. Cost-bearing layers also own `loss` (same shape as their output or
-input) and a scalar `cost` that is `None` whenever the last forward had no truth. Parameters are
+Buffers: every layer owns `output` and `delta`, shaped `(batch, *out_shape)`. `allocate(batch)`
+sizes `output` and every buffer inference needs; `allocate_training()` sizes the training-only ones
+(`delta`, `loss`, backward caches) and is called by the network before the first training forward
+after an `allocate`; cost layers call it themselves in a forward with truth, where they write their
+delta and loss (a validation loss needs no other training buffer). `allocate` drops them again
+(empty arrays), so an inference-only network never holds them and none survives a resize or batch
+change. Cost-bearing layers also own `loss` (same shape as their output or input) and a scalar
+`cost` that is `None` whenever the last forward had no truth. Parameters are
 `Param`s whose `grad` is Darknet's `*_updates` buffer: the accumulated NEGATIVE gradient, summed
 over the batch, so the update rule and the goldens read the same numbers.
 """
@@ -18,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ..cfg import Section
-from ..errors import CfgError
+from ..errors import CfgError, StateError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..network import BuildContext
@@ -120,13 +125,38 @@ class Layer:
         return 0
 
     def allocate(self, batch: int) -> None:
-        """(Re)allocate every buffer whose size depends on batch or shape. Subclasses extend."""
+        """(Re)allocate every buffer inference needs, sized by batch and shape, and drop the
+        training-only ones (empty until `allocate_training`). Subclasses extend."""
         self.batch = batch
         self.output = np.zeros((batch, *self.out_shape), self.dtype)
-        self.delta = np.zeros((batch, *self.out_shape), self.dtype)
+        self.delta = np.zeros((0,), self.dtype)
         if self.has_cost:
-            self.loss = np.zeros((batch, *self.out_shape), self.dtype)
+            self.loss = np.zeros((0,), self.dtype)
             self.cost = None
+
+    def allocate_training(self) -> None:
+        """Size the buffers only training needs (`delta`; `loss` for cost layers, which also write
+        their delta in a forward with truth), for the batch and shape of the last `allocate`.
+        Allocates only what is missing: a no-op once they exist. Subclasses extend with their
+        backward caches, each sized the same way (`training_buffer`)."""
+        self.delta = self.training_buffer(self.delta)
+        if self.has_cost:
+            self.loss = self.training_buffer(self.loss)
+
+    def require_training_buffers(self) -> None:
+        """For a backward driven without the network (which checks its own state first): a clear
+        error instead of a shape error when the training buffers were never allocated."""
+        if self.delta.shape != (self.batch, *self.out_shape):
+            raise StateError(f"layer {self.index} [{self.kind}]: backward needs a training-mode forward "
+                             f"first (no delta allocated; see Network.allocate_training)")
+
+    def training_buffer(self, current: np.ndarray | None, shape: Shape | None = None) -> np.ndarray:
+        """`current` if it already has `shape` (default: the output's, `(batch, *out_shape)`), else
+        a new zeroed array of that shape."""
+        shape = (self.batch, *self.out_shape) if shape is None else tuple(shape)
+        if current is not None and current.shape == shape:
+            return current
+        return np.zeros(shape, self.dtype)
 
     def resize(self, in_shape: Shape) -> None:
         """Take a new input shape and recompute out_shape (the network calls allocate after)."""

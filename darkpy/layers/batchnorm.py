@@ -58,8 +58,12 @@ class BatchNormLayer(Layer):
 
     def allocate(self, batch: int) -> None:
         super().allocate(batch)
-        self.xnorm = np.zeros_like(self.output)
+        self.xnorm = np.zeros((0,), self.dtype)     # x̂ of a training forward: allocate_training
         self._trained = False
+
+    def allocate_training(self) -> None:
+        super().allocate_training()
+        self.xnorm = self.training_buffer(self.xnorm)
 
     def extra_buffers(self) -> list[np.ndarray]:
         return [self.xnorm]

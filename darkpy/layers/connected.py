@@ -65,11 +65,18 @@ class ConnectedLayer(Layer):
 
     def allocate(self, batch: int) -> None:
         super().allocate(batch)
-        self.pre = np.zeros_like(self.output) if act.needs_input(self.act) else np.zeros((0,), self.dtype)
-        self.xnorm = np.zeros_like(self.output) if self.bn else np.zeros((0,), self.dtype)
-        self.wgrad_tmp = np.zeros_like(self.weights.value)
-        self.dx_tmp = np.zeros((batch, self.inputs), self.dtype)
+        empty = np.zeros((0,), self.dtype)          # all four training-only: allocate_training
+        self.pre = self.xnorm = self.wgrad_tmp = self.dx_tmp = empty
         self._trained = False
+
+    def allocate_training(self) -> None:
+        super().allocate_training()
+        if act.needs_input(self.act):
+            self.pre = self.training_buffer(self.pre)
+        if self.bn:
+            self.xnorm = self.training_buffer(self.xnorm)
+        self.wgrad_tmp = self.training_buffer(self.wgrad_tmp, self.weights.value.shape)
+        self.dx_tmp = self.training_buffer(self.dx_tmp, (self.batch, self.inputs))
 
     def extra_buffers(self) -> list[np.ndarray]:
         return [self.pre, self.xnorm, self.wgrad_tmp, self.dx_tmp]
@@ -81,6 +88,7 @@ class ConnectedLayer(Layer):
         forward_bias_bn_act(self, y, s.train)
 
     def backward(self, s: State) -> None:
+        self.require_training_buffers()
         d = self.delta.reshape(self.batch, self.n, 1)
         backward_bias_bn_act(self, d, self.output.reshape(d.shape))
         d2 = self.delta.reshape(self.batch, self.n)

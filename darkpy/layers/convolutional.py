@@ -201,7 +201,7 @@ class ConvolutionalLayer(Layer):
         self.wide = batch > 1 and ng * rows * cols >= WIDE_MIN_MACS
         if self.is_gemm_only and cols >= WIDE_GEMM_ONLY_MAX_S:
             self.wide = False       # per-item GEMMs straight on the input: no copies at all
-        self.wgrad_tmp = np.zeros((ng, rows) if self.wide else (self.chunk, ng, rows), self.dtype)
+        self.wgrad_tmp = np.zeros((0,), self.dtype)
         ic.reserve(self.chunk * (rows + ng) * cols, self.dtype)
         self.winograd = self._use_winograd(batch)
         if self.winograd:
@@ -223,14 +223,20 @@ class ConvolutionalLayer(Layer):
         th, tw = wg.tiles(*self.out_shape[1:])
         return self.in_shape[0] >= WINOGRAD_MIN_CHANNELS and batch * th * tw >= WINOGRAD_MIN_TILES
 
-    def _allocate_training(self) -> None:
-        """The buffers only backward needs, sized by the last allocate(): the pre-activation
-        (swish/mish/...) and BN's x̂. Called by a training forward; allocates only the first time
-        after allocate() (which drops them, so nothing is stale after resize/set_batch)."""
-        if act.needs_input(self.act) and self.pre.size != self.output.size:
-            self.pre = np.zeros_like(self.output)
-        if self.bn and self.xnorm.size != self.output.size:
-            self.xnorm = np.zeros_like(self.output)
+    def allocate_training(self) -> None:
+        """The buffers only backward needs, sized by the last allocate() (which drops them, so
+        nothing is stale after resize/set_batch): besides the delta, the pre-activation
+        (swish/mish/...), BN's x̂ and the im2col path's weight-gradient scratch."""
+        super().allocate_training()
+        if act.needs_input(self.act):
+            self.pre = self.training_buffer(self.pre)
+        if self.bn:
+            self.xnorm = self.training_buffer(self.xnorm)
+        if not self.winograd:
+            rows, _ = self.col_shape
+            ng = self.n // self.groups
+            self.wgrad_tmp = self.training_buffer(
+                self.wgrad_tmp, (ng, rows) if self.wide else (self.chunk, ng, rows))
 
     def extra_buffers(self) -> list[np.ndarray]:
         return [self.pre, self.xnorm, self.wgrad_tmp]
@@ -302,7 +308,7 @@ class ConvolutionalLayer(Layer):
                 np.matmul(wmat[j], col, out=out)
                 ic.rows_to_items(yg, out.reshape(out.shape[0], yg.shape[0], -1))
         if s.train:
-            self._allocate_training()
+            self.allocate_training()         # a no-op once they exist (the network sizes them)
         forward_bias_bn_act(self, y, s.train, keep_pre=s.train)
 
     def _winograd(self, x: np.ndarray, w: np.ndarray, pad: int, y: np.ndarray, add: bool) -> None:

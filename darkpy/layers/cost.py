@@ -112,6 +112,7 @@ class CostLayer(Layer):
     def forward(self, s: State) -> None:
         if s.truth is None:
             return                       # the network calls clear_cost(): output, delta zeroed
+        self.allocate_training()         # delta and loss: sized by the first forward with truth
         t = truth_rows(s, self)
         cost_forward(self.output.reshape(-1), self.delta.reshape(-1), s.input.reshape(-1), t.reshape(-1),
                      self.ctype, self.noobj, self.thresh / self.inputs)

@@ -103,15 +103,23 @@ class DeconvolutionalLayer(Layer):
 
     def allocate(self, batch: int) -> None:
         super().allocate(batch)
-        self.pre = np.zeros_like(self.output) if act.needs_input(self.act) else np.zeros((0,), self.dtype)
-        self.xnorm = np.zeros_like(self.output) if self.bn else np.zeros((0,), self.dtype)
+        empty = np.zeros((0,), self.dtype)          # all four training-only: allocate_training
+        self.pre = self.xnorm = self.wgrad_tmp = self.dx_tmp = empty
         rows, cols = self.col_shape
         self.chunk = ic.chunk_items(rows * cols, batch)
-        c = self.in_shape[0]
-        self.wgrad_tmp = np.zeros((self.chunk, c, rows), self.dtype)
-        self.dx_tmp = np.zeros((self.chunk, c, cols), self.dtype)
         ic.reserve(self.chunk * rows * cols, self.dtype)
         self._trained = False
+
+    def allocate_training(self) -> None:
+        super().allocate_training()
+        if act.needs_input(self.act):
+            self.pre = self.training_buffer(self.pre)
+        if self.bn:
+            self.xnorm = self.training_buffer(self.xnorm)
+        rows, cols = self.col_shape
+        c = self.in_shape[0]
+        self.wgrad_tmp = self.training_buffer(self.wgrad_tmp, (self.chunk, c, rows))
+        self.dx_tmp = self.training_buffer(self.dx_tmp, (self.chunk, c, cols))
 
     def extra_buffers(self) -> list[np.ndarray]:
         return [self.pre, self.xnorm, self.wgrad_tmp, self.dx_tmp]
@@ -138,6 +146,7 @@ class DeconvolutionalLayer(Layer):
     def backward(self, s: State) -> None:
         c, h, w = self.in_shape
         _, oh, ow = self.out_shape
+        self.require_training_buffers()
         d = self.delta.reshape(self.batch, self.n, oh * ow)
         backward_bias_bn_act(self, d, self.output.reshape(d.shape))
         dimg = self.delta.reshape(self.batch, self.n, oh, ow)

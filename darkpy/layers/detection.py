@@ -223,6 +223,7 @@ class DetectionLayer(Layer):
         if s.truth is None:
             self.cost = None
             return
+        self.allocate_training()         # delta and loss: sized by the first forward with truth
         self._stats.fill(0)
         self.grid.fill(0)
         fill_truth_grid(self.grid, self._stats, s.truth, truth_boxes(self, s.truth), self.side, self.classes)

@@ -56,8 +56,12 @@ class DropoutLayer(Layer):
 
     def allocate(self, batch: int) -> None:
         super().allocate(batch)
-        self.rand = np.zeros_like(self.output)    # the uniform draws of the last training forward
+        self.rand = np.zeros((0,), self.dtype)    # the uniform draws of the last training forward
         self.masked = False
+
+    def allocate_training(self) -> None:
+        super().allocate_training()
+        self.rand = self.training_buffer(self.rand)
 
     def extra_buffers(self):
         return [self.rand]

@@ -176,10 +176,15 @@ class LocalLayer(Layer):
 
     def allocate(self, batch: int) -> None:
         super().allocate(batch)
-        self.pre = np.zeros_like(self.output) if act.needs_input(self.act) else np.zeros((0,), self.dtype)
+        self.pre = np.zeros((0,), self.dtype)       # training-only: allocate_training
         self.chunk = ic.chunk_items(self.locations * self.ckk, batch)
         self.ymat = np.zeros(self.locations * self.n * self.chunk, self.dtype)
         ic.reserve(self.locations * self.ckk * self.chunk, self.dtype)
+
+    def allocate_training(self) -> None:
+        super().allocate_training()
+        if act.needs_input(self.act):
+            self.pre = self.training_buffer(self.pre)
 
     def extra_buffers(self) -> list[np.ndarray]:
         return [self.pre, self.ymat, self.wgrad_tmp]

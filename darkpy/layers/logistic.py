@@ -57,6 +57,7 @@ class LogisticLayer(Layer):
         logistic_forward(self.output.reshape(-1), x)
         if s.truth is None:
             return
+        self.allocate_training()         # delta and loss: sized by the first forward with truth
         t = truth_rows(s, self)
         logistic_xent(self.delta.reshape(-1), self.loss.reshape(-1), self.output.reshape(-1), x, t.reshape(-1))
         self.cost = float(self.loss.sum(dtype=np.float64))

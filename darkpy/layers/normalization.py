@@ -186,7 +186,11 @@ class LRNLayer(Layer):
     def allocate(self, batch: int) -> None:
         super().allocate(batch)
         self.norms = np.zeros_like(self.output)
-        self.scratch = np.zeros_like(self.output)
+        self.scratch = np.zeros((0,), self.dtype)   # backward-only: allocate_training
+
+    def allocate_training(self) -> None:
+        super().allocate_training()
+        self.scratch = self.training_buffer(self.scratch)
 
     def extra_buffers(self):
         return [self.norms, self.scratch]

@@ -155,6 +155,7 @@ class _Inner:
         for p in layer.params:
             p.name = f"{name}.{p.name}"
         self.full: dict[str, np.ndarray] = {}
+        self.rows = 0
         self.bn_mean = self.bn_var = None
 
     @property
@@ -163,7 +164,8 @@ class _Inner:
 
     @property
     def delta(self) -> np.ndarray:
-        return self.full["delta"]
+        """Every row's delta (empty until `allocate_training`)."""
+        return self.full.get("delta", self.layer.delta)
 
     @property
     def bn(self):
@@ -172,15 +174,27 @@ class _Inner:
     def allocate(self, rows: int, steps: int) -> None:
         layer = self.layer
         layer.allocate(rows)
-        train_buffers = getattr(layer, "_allocate_training", None)
-        if train_buffers is not None:   # conv allocates x̂/pre lazily; the per-row views need them now
-            train_buffers()
-        self.full = {k: getattr(layer, k) for k in self.ROW_BUFFERS
-                     if getattr(layer, k, None) is not None and getattr(layer, k).size}
+        self.rows = rows
+        self._collect()
         if layer.bn is not None:
             n = layer.bn.mean.shape[0]
             self.bn_mean = np.zeros((steps, n), layer.dtype)
             self.bn_var = np.zeros((steps, n), layer.dtype)
+
+    def allocate_training(self) -> None:
+        """The inner layer's training-only buffers, for every row. `bind` leaves per-row views in
+        the layer, so the full buffers go back first; a no-op once they exist."""
+        layer = self.layer
+        for k, arr in self.full.items():
+            setattr(layer, k, arr)
+        layer.batch = self.rows
+        layer.allocate_training()
+        self._collect()
+
+    def _collect(self) -> None:
+        layer = self.layer
+        self.full = {k: getattr(layer, k) for k in self.ROW_BUFFERS
+                     if getattr(layer, k, None) is not None and getattr(layer, k).size}
 
     def bind(self, r0: int, r1: int, step: int) -> Layer:
         layer = self.layer
@@ -244,6 +258,11 @@ class _Recurrent(Layer):
         self.seq_batch = batch // self.steps
         for i in self.inner:
             i.allocate(batch, self.steps)
+
+    def allocate_training(self) -> None:
+        """The inner layers' training buffers; subclasses add their own state gradients."""
+        for i in self.inner:
+            i.allocate_training()
 
     def reset_state(self) -> None:
         """Zero the state a `carry_state` forward starts from."""
@@ -326,10 +345,15 @@ class _SimpleRecurrent(_Recurrent):
         super().allocate(batch)
         b = self.seq_batch
         self.states = np.zeros((self.steps + 1, b, *self.state_shape), self.dtype)
-        self.dstates = np.zeros_like(self.states)
+        self.dstates = np.zeros((0,), self.dtype)   # training-only: allocate_training
         self.h0 = np.zeros((b, *self.state_shape), self.dtype)
         self.output = self.output_layer.output
         self.delta = self.output_layer.delta
+
+    def allocate_training(self) -> None:
+        super().allocate_training()
+        self.delta = self.output_layer.delta
+        self.dstates = self.training_buffer(self.dstates, self.states.shape)
 
     def _initial_state(self):
         return [self.h0]
@@ -527,7 +551,15 @@ class GRULayer(_Recurrent):
         Layer.allocate(self, batch)
         n = self.outputs
         self.z, self.r, self.fs, self.hc = (np.zeros((batch, n), self.dtype) for _ in range(4))
-        self.h0, self.dh0, self.dfs = (np.zeros((self.seq_batch, n), self.dtype) for _ in range(3))
+        self.h0 = np.zeros((self.seq_batch, n), self.dtype)
+        self.dh0 = self.dfs = np.zeros((0,), self.dtype)     # training-only: allocate_training
+
+    def allocate_training(self) -> None:
+        super().allocate_training()
+        Layer.allocate_training(self)
+        shape = (self.seq_batch, self.outputs)
+        self.dh0 = self.training_buffer(self.dh0, shape)
+        self.dfs = self.training_buffer(self.dfs, shape)
 
     def _initial_state(self):
         return [self.h0]
@@ -610,7 +642,13 @@ class LSTMLayer(_Recurrent):
         Layer.allocate(self, batch)
         n = self.outputs
         self.f, self.i, self.g, self.o, self.c = (np.zeros((batch, n), self.dtype) for _ in range(5))
-        self.h0, self.c0, self.dc = (np.zeros((self.seq_batch, n), self.dtype) for _ in range(3))
+        self.h0, self.c0 = (np.zeros((self.seq_batch, n), self.dtype) for _ in range(2))
+        self.dc = np.zeros((0,), self.dtype)                 # training-only: allocate_training
+
+    def allocate_training(self) -> None:
+        super().allocate_training()
+        Layer.allocate_training(self)
+        self.dc = self.training_buffer(self.dc, (self.seq_batch, self.outputs))
 
     def _initial_state(self):
         return [self.h0, self.c0]

@@ -272,6 +272,7 @@ class RegionLayer(Layer):
         if s.truth is None:
             self.cost = None
             return
+        self.allocate_training()         # delta and loss: sized by the first forward with truth
         self._stats.fill(0)
         region_delta(self.delta.reshape(self.batch, -1), self._stats, out, s.truth, self.biases, self.class_map,
                      w, h, self.classes, truth_boxes(self, s.truth), self.thresh, self.coord_scale,

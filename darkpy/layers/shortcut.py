@@ -24,7 +24,7 @@ import numpy as np
 from numba import prange
 
 from ..kernels import activations as act
-from ..kernels import pjit
+from ..kernels import PARALLEL_MIN, jit, pjit
 from .base import Layer, Shape, State, fmt_shape, is_image, register
 from .route import shape_text
 
@@ -62,14 +62,63 @@ def shortcut_backward(prev_delta, from_delta, d, alpha1, beta, stride, sample, m
                 from_delta[b, k, j * stride, i * stride] += beta * g
 
 
+@jit
+def _add_act_span(out, pre, prev, add, alpha, beta, a, keep_pre):
+    """out, prev, add: (n,); out = act(alpha*prev + beta*add) (alpha, beta of the arrays' dtype, so
+    the sum rounds as Darknet's float sum); pre: (n,) gets the sum when keep_pre. Leaky (ResNet's
+    shortcut) without pre is one vectorised loop; the rest add, then activate in place."""
+    n = out.shape[0]
+    if a == act.LEAKY and not keep_pre:
+        for i in range(n):
+            v = alpha * prev[i] + beta * add[i]
+            out[i] = v if v > 0 else 0.1 * v
+        return
+    for i in range(n):
+        out[i] = alpha * prev[i] + beta * add[i]
+    if keep_pre:
+        for i in range(n):
+            pre[i] = out[i]
+    act.activate_span(out, a)
+
+
+@pjit
+def shortcut_add_act(out, pre, prev, add, alpha, beta, a, keep_pre):
+    """out, prev, add: (n,), the whole batch flat, all of one shape; pre: (n,) receives the
+    pre-activation when keep_pre, else any array; alpha, beta: scalars of the arrays' dtype.
+    out = act(alpha*prev + beta*add): the common shortcut (one `from`, same shape) as ONE pass over
+    memory instead of a copy, an add and an activation. Serial below PARALLEL_MIN values, else
+    parallel over spans."""
+    n = out.shape[0]
+    if n < PARALLEL_MIN:
+        _add_act_span(out, pre, prev, add, alpha, beta, a, keep_pre)
+        return
+    B = act.BLOCK
+    for k in prange((n + B - 1) // B):
+        lo = k * B
+        p = pre[lo:lo + B] if keep_pre else pre
+        _add_act_span(out[lo:lo + B], p, prev[lo:lo + B], add[lo:lo + B], alpha, beta, a, keep_pre)
+
+
+@jit
+def _add_flat_item(out, add, alpha, beta, n, bk, nblk):
+    b = bk // nblk
+    lo = (bk % nblk) * act.BLOCK
+    for i in range(lo, min(n, lo + act.BLOCK)):
+        out[b, i] = alpha * out[b, i] + beta * add[b, i]
+
+
 @pjit
 def shortcut_add_flat(out, add, alpha, beta, n):
-    """out: (B, N2), add: (B, N1), items flat: out[:n] = alpha*out[:n] + beta*add[:n] (the common
-    case of equal sizes, or flat vectors / a channel prefix, with no resampling)."""
+    """out: (B, N2), add: (B, N1), items flat: out[:n] = alpha*out[:n] + beta*add[:n] (flat vectors
+    or a channel prefix, with no resampling). Parallel over (item, span) pairs."""
     B = out.shape[0]
-    for b in prange(B):
-        for i in range(n):
-            out[b, i] = alpha * out[b, i] + beta * add[b, i]
+    nblk = (n + act.BLOCK - 1) // act.BLOCK
+    if B * n < PARALLEL_MIN:
+        for bk in range(B * nblk):
+            _add_flat_item(out, add, alpha, beta, n, bk, nblk)
+    else:
+        for bk in prange(B * nblk):
+            _add_flat_item(out, add, alpha, beta, n, bk, nblk)
 
 
 @pjit
@@ -151,6 +200,8 @@ class ShortcutLayer(Layer):
             if isinstance(m, str):
                 raise self.error(_mismatch(i, src.out_shape, self.index - 1, self.out_shape, m), "from")
             self.maps.append(m)
+        #: one `from` of the output's own shape: forward is the single fused `shortcut_add_act`
+        self.fused = len(self.sources) == 1 and tuple(self.sources[0].out_shape) == self.out_shape
 
     def resize(self, in_shape: Shape) -> None:
         self.in_shape = self.out_shape = tuple(in_shape)
@@ -161,9 +212,15 @@ class ShortcutLayer(Layer):
 
     def allocate(self, batch: int) -> None:
         super().allocate(batch)
-        linear = self.act == act.LINEAR
-        self.scratch = np.zeros((0,), self.dtype) if linear else np.zeros_like(self.output)
-        self.x = np.zeros_like(self.output) if act.needs_input(self.act) else np.zeros((0,), self.dtype)
+        self.x = np.zeros((0,), self.dtype)         # both training-only: allocate_training
+        self.scratch = np.zeros((0,), self.dtype)
+
+    def allocate_training(self) -> None:
+        super().allocate_training()
+        if self.act != act.LINEAR:
+            self.scratch = self.training_buffer(self.scratch)
+        if act.needs_input(self.act):
+            self.x = self.training_buffer(self.x)
 
     def _chw(self, a: np.ndarray, shape: Shape) -> np.ndarray:
         return a.reshape(self.batch, *_as_chw(shape))
@@ -177,6 +234,11 @@ class ShortcutLayer(Layer):
         return 0
 
     def forward(self, s: State) -> None:
+        if self.fused:
+            shortcut_add_act(self.output.reshape(-1), self.x.reshape(-1), s.input.reshape(-1),
+                             s.layers[self.refs[0]].output.reshape(-1), self.dtype.type(self.alpha),
+                             self.dtype.type(self.beta), self.act, self.x.size > 0)
+            return
         np.copyto(self.output, s.input.reshape(self.output.shape))
         out = self._chw(self.output, self.out_shape)
         for i, m in zip(self.refs, self.maps):

@@ -25,7 +25,7 @@ import numpy as np
 from numba import prange
 
 from ..errors import StateError
-from ..kernels import jit, pjit
+from ..kernels import PARALLEL_MIN, jit, pjit
 from .base import Layer, State, numel, register
 
 
@@ -39,22 +39,33 @@ def _group_max(x, b, lo, size):
     return largest
 
 
+@jit(inline="always")
+def _softmax_group(out, x, bg, groups, temp):
+    """Group bg = b·groups + g of `softmax_forward`."""
+    size = x.shape[1] // groups
+    b = bg // groups
+    lo = (bg % groups) * size
+    largest = _group_max(x, b, lo, size)
+    total = 0.0
+    for i in range(lo, lo + size):
+        e = math.exp(x[b, i] / temp - largest / temp)
+        total += e
+        out[b, i] = e
+    for i in range(lo, lo + size):
+        out[b, i] /= total
+
+
 @pjit
 def softmax_forward(out, x, groups, temp):
-    """out, x: (B, n) flat per item, n divisible by groups. Softmax of x/temp over each group."""
-    B, n = x.shape
-    size = n // groups
-    for bg in prange(B * groups):
-        b = bg // groups
-        lo = (bg % groups) * size
-        largest = _group_max(x, b, lo, size)
-        total = 0.0
-        for i in range(lo, lo + size):
-            e = math.exp(x[b, i] / temp - largest / temp)
-            total += e
-            out[b, i] = e
-        for i in range(lo, lo + size):
-            out[b, i] /= total
+    """out, x: (B, n) flat per item, n divisible by groups. Softmax of x/temp over each group.
+    Parallel over groups, serial below PARALLEL_MIN values (a classifier's 1000 at batch 1)."""
+    B = x.shape[0]
+    if x.size < PARALLEL_MIN:
+        for bg in range(B * groups):
+            _softmax_group(out, x, bg, groups, temp)
+    else:
+        for bg in prange(B * groups):
+            _softmax_group(out, x, bg, groups, temp)
 
 
 @pjit
@@ -124,6 +135,7 @@ class SoftmaxLayer(Layer):
         softmax_forward(self.output, x, self.groups, self.temperature)
         if s.truth is None:
             return
+        self.allocate_training()         # delta and loss: sized by the first forward with truth
         if self.noloss:
             # darknet: a noloss softmax still has a cost (0) that counts in the network's average
             self.loss.fill(0)

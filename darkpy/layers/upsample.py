@@ -13,25 +13,37 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from ..kernels import pjit
+from ..kernels import PARALLEL_MIN, jit, pjit
 from .base import Layer, Shape, State, fmt_shape, register
 
 
 # -- kernels -------------------------------------------------------------------------------------
+@jit(inline="always")
+def _upsample_plane(out, x, bc, s, scale):
+    """Plane bc = b·C + c of `upsample_forward`."""
+    _, C, H, W = x.shape
+    b = bc // C
+    c = bc % C
+    for y in range(H):
+        for dy in range(s):
+            oy = y * s + dy
+            for i in range(W):
+                v = scale * x[b, c, y, i]
+                for dx in range(s):
+                    out[b, c, oy, i * s + dx] = v
+
+
 @pjit
 def upsample_forward(out, x, s, scale):
-    """out: (B, C, H*s, W*s); x: (B, C, H, W). out[y, x] = scale * x[y // s, x // s]."""
-    B, C, H, W = x.shape
-    for bc in prange(B * C):
-        b = bc // C
-        c = bc % C
-        for y in range(H):
-            for dy in range(s):
-                oy = y * s + dy
-                for i in range(W):
-                    v = scale * x[b, c, y, i]
-                    for dx in range(s):
-                        out[b, c, oy, i * s + dx] = v
+    """out: (B, C, H*s, W*s); x: (B, C, H, W). out[y, x] = scale * x[y // s, x // s]. Parallel over
+    (item, channel) planes, serial below PARALLEL_MIN output values."""
+    B, C = x.shape[:2]
+    if out.size < PARALLEL_MIN:
+        for bc in range(B * C):
+            _upsample_plane(out, x, bc, s, scale)
+    else:
+        for bc in prange(B * C):
+            _upsample_plane(out, x, bc, s, scale)
 
 
 @pjit

@@ -35,9 +35,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numba import prange
 
 from ..errors import StateError
-from ..kernels import jit
+from ..kernels import PARALLEL_MIN, jit, pjit
 from ..kernels.boxes import IOU_KINDS, box_iou, iou_kind_grad
 from .base import Layer, State, register
 
@@ -57,21 +58,45 @@ def _logistic(x):
     return 1.0 / (1.0 + math.exp(-x))
 
 
-@jit
+@jit(inline="always")
+def _activate_plane(o, x, e, scale_xy, shift, new_coords):
+    """o, x: (hw,) the plane of entry e (0..4+classes) of one anchor: see `yolo_activate`."""
+    if new_coords or (e == 2 or e == 3):
+        if e < 2:
+            for k in range(o.shape[0]):
+                o[k] = x[k] * scale_xy + shift
+        else:
+            for k in range(o.shape[0]):
+                o[k] = x[k]
+    elif e < 2:
+        for k in range(o.shape[0]):
+            o[k] = _logistic(x[k]) * scale_xy + shift
+    else:
+        for k in range(o.shape[0]):
+            o[k] = _logistic(x[k])
+
+
+@jit(inline="always")
+def _activate_row(out, x, r, n, entries, hw, scale_xy, new_coords):
+    """Plane r = (b·n + a)·entries + e of `yolo_activate`."""
+    b = r // (n * entries)
+    lo = (r % (n * entries)) * hw
+    _activate_plane(out[b, lo:lo + hw], x[b, lo:lo + hw], r % entries, scale_xy,
+                    -0.5 * (scale_xy - 1.0), new_coords)
+
+
+@pjit
 def yolo_activate(out, x, n, entries, hw, scale_xy, new_coords):
-    """out = the head's activations of x (see module doc)."""
+    """out = the head's activations of x (see module doc). Parallel over the (item, anchor, entry)
+    planes, serial below PARALLEL_MIN values."""
     # out, x: (batch, n*entries*hw)
-    shift = -0.5 * (scale_xy - 1.0)
-    for b in range(x.shape[0]):
-        for a in range(n):
-            base = a * entries * hw
-            for k in range(base, base + 2 * hw):
-                v = x[b, k] if new_coords else _logistic(x[b, k])
-                out[b, k] = v * scale_xy + shift
-            for k in range(base + 2 * hw, base + 4 * hw):
-                out[b, k] = x[b, k]
-            for k in range(base + 4 * hw, base + entries * hw):
-                out[b, k] = x[b, k] if new_coords else _logistic(x[b, k])
+    rows = x.shape[0] * n * entries
+    if x.size < PARALLEL_MIN:
+        for r in range(rows):
+            _activate_row(out, x, r, n, entries, hw, scale_xy, new_coords)
+    else:
+        for r in prange(rows):
+            _activate_row(out, x, r, n, entries, hw, scale_xy, new_coords)
 
 
 @jit
@@ -414,6 +439,7 @@ class YoloLayer(Layer):
         if s.truth is None:
             self.cost = None
             return
+        self.allocate_training()         # delta and loss: sized by the first forward with truth
         net_w, net_h = self._net_size(s)
         self._stats.fill(0)
         yolo_delta(self.delta.reshape(self.batch, -1), self._stats, out, s.truth, self.biases,

@@ -1,0 +1,205 @@
+"""The element-wise and layout kernels that take a serial branch below `PARALLEL_MIN` values and a
+parallel one above it (kernels/__init__.py): both branches against a slow reference (numpy, or the
+scalar `_act`), so neither can drift from the other. Sizes: `SMALL` well below the threshold,
+`LARGE` above it and not a multiple of any block size."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from darkpy.kernels import PARALLEL_MIN
+from darkpy.kernels import activations as A
+from darkpy.kernels import bn as bnk
+from darkpy.kernels import im2col as ic
+from darkpy.layers.shortcut import shortcut_add_act
+from darkpy.layers.softmax import softmax_forward
+from darkpy.layers.upsample import upsample_forward
+from darkpy.layers.yolo import yolo_activate
+from helpers import assert_close
+
+SMALL = 1000
+LARGE = PARALLEL_MIN + 12345
+
+
+def _values(n, dtype, seed=0):
+    """n values over the activations' interesting ranges, with specials at the start."""
+    x = (np.random.default_rng(seed).standard_normal(n) * 4).astype(dtype)
+    x[:5] = [0.0, -0.0, 1e-30, -7.5, 30.0]
+    return x
+
+
+def _act_ref(x, a):
+    return np.array([A._act(v, a) for v in x.astype(np.float64)])
+
+
+# -- activations ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", A.NAMES)
+def test_activate_small_is_the_scalar_formula(name):
+    """The serial branch (and its vectorised loops for leaky/relu/logistic) gives `_act`'s values."""
+    a = A.code(name)
+    for dtype in (np.float32, np.float64):
+        x = _values(SMALL, dtype)
+        y = x.copy()
+        A.activate(y, a)
+        assert_close(y, _act_ref(x, a).astype(dtype), 1e-6, 1e-7, name)
+        assert np.array_equal(np.signbit(y[:2]), np.signbit(_act_ref(x[:2], a))), f"{name}: sign of zero"
+
+
+@pytest.mark.parametrize("name", A.NAMES)
+def test_activate_and_gradient_parallel_equal_serial(name):
+    """Above the threshold (parallel spans) the values are exactly those of the serial branch,
+    run here on chunks below the threshold."""
+    a = A.code(name)
+    x = _values(LARGE, np.float32, 1)
+    y = x.copy()
+    A.activate(y, a)
+    expected = x.copy()
+    for lo in range(0, LARGE, SMALL):
+        A.activate(expected[lo:lo + SMALL], a)
+    assert np.array_equal(y, expected)
+    d = np.random.default_rng(2).standard_normal(LARGE).astype(np.float32)
+    d_par, d_ser = d.copy(), d.copy()
+    A.gradient(d_par, y, x, a)
+    for lo in range(0, LARGE, SMALL):
+        A.gradient(d_ser[lo:lo + SMALL], y[lo:lo + SMALL], x[lo:lo + SMALL], a)
+    assert np.array_equal(d_par, d_ser)
+
+
+# -- fused bias / batch-norm passes ----------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["leaky", "linear", "logistic", "mish"])
+@pytest.mark.parametrize("shape", [(2, 3, 50), (1, 64, 13 * 13 * 4)])
+def test_bn_inference_and_bias_passes_match_numpy(name, shape):
+    a = A.code(name)
+    assert (np.prod(shape) >= PARALLEL_MIN) == (shape[0] == 1)
+    rng = np.random.default_rng(3)
+    c = shape[1]
+    y0 = rng.standard_normal(shape)
+    mean, var = rng.normal(0, 0.1, c), rng.uniform(0.5, 2, c)
+    scales, biases = rng.uniform(0.5, 1.5, c), rng.normal(0, 0.1, c)
+    y = y0.copy()
+    bnk.bn_act_forward_infer(y, mean, var, scales, biases, a, False)
+    z = (y0 - mean[:, None]) / np.sqrt(var[:, None] + 1e-5) * scales[:, None] + biases[:, None]
+    assert_close(y, _act_ref(z.reshape(-1), a).reshape(shape), 1e-12, 1e-12, "bn inference")
+    y, pre = y0.copy(), np.zeros(shape)
+    bnk.bias_act_forward(y, pre, biases, a, True)
+    z = y0 + biases[:, None]
+    assert_close(pre, z, 0, 0, "pre-activation")
+    assert_close(y, _act_ref(z.reshape(-1), a).reshape(shape), 1e-12, 1e-12, "bias + activation")
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 50), (4, 16, 700)])
+def test_bn_training_pass_matches_numpy(shape):
+    """Batch statistics over items and positions, unbiased variance (kernels/bn.py)."""
+    rng = np.random.default_rng(4)
+    c = shape[1]
+    y0 = rng.standard_normal(shape) * 2 + 1
+    y, xnorm = y0.copy(), np.zeros(shape)
+    mean, var, rmean, rvar = np.zeros(c), np.zeros(c), np.zeros(c), np.ones(c)
+    scales, biases = rng.uniform(0.5, 1.5, c), rng.normal(0, 0.1, c)
+    bnk.bn_act_forward_train(y, xnorm, mean, var, rmean, rvar, scales, biases, A.LEAKY, False)
+    m, v = y0.mean(axis=(0, 2)), y0.var(axis=(0, 2), ddof=1)
+    assert_close(mean, m, 1e-12, 1e-12, "mean")
+    assert_close(var, v, 1e-12, 1e-12, "variance")
+    assert_close(rvar, 0.99 + 0.01 * v, 1e-12, 1e-12, "rolling variance")
+    z = (y0 - m[:, None]) / np.sqrt(v[:, None] + 1e-5) * scales[:, None] + biases[:, None]
+    assert_close(y, np.where(z > 0, z, 0.1 * z), 1e-12, 1e-12, "output")
+
+
+# -- shortcut --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,keep_pre", [("leaky", False), ("linear", False), ("logistic", False),
+                                           ("swish", True)])
+@pytest.mark.parametrize("n", [SMALL, LARGE])
+def test_shortcut_fused_pass_matches_numpy(name, keep_pre, n):
+    a = A.code(name)
+    rng = np.random.default_rng(5)
+    prev, add = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    alpha, beta = np.float32(0.5), np.float32(1.5)
+    out, pre = np.zeros(n, np.float32), np.zeros(n if keep_pre else 0, np.float32)
+    shortcut_add_act(out, pre, prev, add, alpha, beta, a, keep_pre)
+    z = alpha * prev + beta * add                      # float32 arithmetic, as Darknet's
+    if keep_pre:
+        assert np.array_equal(pre, z)
+    assert_close(out, _act_ref(z, a), 1e-6, 1e-7, name)
+
+
+# -- heads and wiring ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("hw", [4 * 4, 26 * 26])
+@pytest.mark.parametrize("scale_xy,new_coords", [(1.0, False), (1.2, False), (2.0, True)])
+def test_yolo_activation_matches_numpy(hw, scale_xy, new_coords):
+    n, classes, batch = 3, 4, 2
+    entries = 5 + classes
+    x = np.random.default_rng(6).standard_normal((batch, n * entries * hw))
+    out = np.zeros_like(x)
+    yolo_activate(out, x, n, entries, hw, scale_xy, new_coords)
+    z = x.reshape(batch, n, entries, hw)
+    sig = z if new_coords else 1 / (1 + np.exp(-z))
+    ref = sig.copy()
+    ref[:, :, :2] = sig[:, :, :2] * scale_xy - 0.5 * (scale_xy - 1)
+    ref[:, :, 2:4] = z[:, :, 2:4]
+    assert_close(out.reshape(ref.shape), ref, 1e-12, 1e-12)
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 4, 5), (1, 128, 13, 13)])
+def test_upsample_matches_numpy(shape):
+    x = np.random.default_rng(7).standard_normal(shape)
+    out = np.zeros((*shape[:2], shape[2] * 2, shape[3] * 2))
+    upsample_forward(out, x, 2, 0.5)
+    assert np.array_equal(out, 0.5 * x.repeat(2, axis=2).repeat(2, axis=3))
+
+
+@pytest.mark.parametrize("batch,n,groups", [(1, 1000, 1), (2, 30, 3), (40, 1000, 2)])
+def test_softmax_matches_numpy(batch, n, groups):
+    x = np.random.default_rng(8).standard_normal((batch, n)) * 3
+    out = np.zeros_like(x)
+    softmax_forward(out, x, groups, 2.0)
+    z = x.reshape(batch, groups, -1) / 2.0
+    e = np.exp(z - z.max(axis=2, keepdims=True))
+    assert_close(out, (e / e.sum(axis=2, keepdims=True)).reshape(x.shape), 1e-12, 1e-15)
+
+
+# -- im2col / col2im ---------------------------------------------------------------------------------------
+def im2col_ref(x, k, sy, sx, pad, dil, oh, ow):
+    """Slow numpy im2col of x (nb, c, h, w): (nb, c·k·k, oh·ow), zero outside the image."""
+    nb, c, h, w = x.shape
+    xp = np.zeros((nb, c, h + 2 * pad + sy * oh + dil * k, w + 2 * pad + sx * ow + dil * k))
+    xp[:, :, pad:pad + h, pad:pad + w] = x
+    col = np.zeros((nb, c, k, k, oh, ow))
+    for ky, kx in itertools.product(range(k), range(k)):
+        col[:, :, ky, kx] = xp[:, :, ky * dil:ky * dil + sy * oh:sy, kx * dil:kx * dil + sx * ow:sx]
+    return col.reshape(nb, c * k * k, oh * ow)
+
+
+GEOMS = [  # k, stride_y, stride_x, pad (before dilation), dilation
+    (3, 1, 1, 1, 1), (3, 2, 2, 1, 1), (1, 1, 1, 0, 1), (1, 2, 2, 0, 1), (7, 2, 2, 3, 1), (3, 1, 2, 0, 1),
+    (3, 3, 1, 2, 1), (3, 1, 1, 1, 2), (5, 2, 1, 3, 2), (2, 1, 1, 4, 1),
+]
+
+
+@pytest.mark.parametrize("k,sy,sx,p,dil", GEOMS)
+@pytest.mark.parametrize("nb,c,h,w", [(2, 3, 7, 9), (1, 40, 33, 36)])
+def test_im2col_and_col2im_match_reference(k, sy, sx, p, dil, nb, c, h, w):
+    """im2col against the slow reference; col2im_add is its adjoint, ADDING into x:
+    <im2col(x), g> == <x, col2im(g)> and the added amount is the reference's transpose."""
+    pad = p * dil
+    oh = (h + 2 * pad - (dil * (k - 1) + 1)) // sy + 1
+    ow = (w + 2 * pad - (dil * (k - 1) + 1)) // sx + 1
+    rng = np.random.default_rng(k * 100 + sy * 10 + sx)
+    x = rng.standard_normal((nb, c, h, w))
+    col = np.full((nb, c * k * k, oh * ow), np.nan)
+    ic.im2col(col, x, k, sy, sx, pad, dil, oh, ow)
+    assert np.array_equal(col, im2col_ref(x, k, sy, sx, pad, dil, oh, ow))
+    g = rng.standard_normal(col.shape)
+    base = rng.standard_normal(x.shape)
+    back = base.copy()
+    ic.col2im_add(back, g, k, sy, sx, pad, dil, oh, ow)
+    assert math.isclose(float((col * g).sum()), float((x * (back - base)).sum()), rel_tol=1e-10)
+    # the adjoint, entry by entry: the gradient of sum(im2col(x) * g) w.r.t. x, by the reference
+    onehot = np.zeros(x.shape)
+    for idx in [(0, 0, 0, 0), (nb - 1, c - 1, h - 1, w - 1), (0, c // 2, h // 2, w // 3)]:
+        onehot[idx] = 1
+        assert math.isclose((im2col_ref(onehot, k, sy, sx, pad, dil, oh, ow) * g).sum(),
+                            back[idx] - base[idx], rel_tol=1e-9, abs_tol=1e-12)
+        onehot[idx] = 0
