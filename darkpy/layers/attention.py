@@ -21,6 +21,7 @@ from ..kernels import activations as act
 from ..kernels import pjit
 from .base import Layer, Shape, State, fmt_shape, is_image, numel, register
 from .route import shape_text
+from .shortcut import ActivationBuffers
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -66,7 +67,7 @@ def scale_backward(scale_delta, from_delta, d, scale, frm, per_pixel):
                 scale_delta[b, k] += acc
 
 
-class _Gate(Layer):
+class _Gate(ActivationBuffers, Layer):
     """Shared parts: one `from` reference, an activation, and the delta * act' step."""
 
     def __init__(self, index: int, in_shape: Shape, ref: int, source: Layer, activation: str,
@@ -92,21 +93,6 @@ class _Gate(Layer):
         if why:
             raise self.error(why, "from")
         super().resize(in_shape)
-
-    def extra_buffers(self) -> list[np.ndarray]:
-        return [self.x, self.scratch]
-
-    def allocate(self, batch: int) -> None:
-        super().allocate(batch)
-        self.x = np.zeros((0,), self.dtype)         # both training-only: allocate_training
-        self.scratch = np.zeros((0,), self.dtype)
-
-    def allocate_training(self) -> None:
-        super().allocate_training()
-        if self.act != act.LINEAR:
-            self.scratch = self.training_buffer(self.scratch)
-        if act.needs_input(self.act):
-            self.x = self.training_buffer(self.x)
 
     def mismatch(self, prev: Shape, frm: Shape) -> str | None:
         raise NotImplementedError

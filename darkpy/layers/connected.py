@@ -17,7 +17,8 @@ import numpy as np
 from ..kernels import activations as act
 from ..kernels import im2col as ic
 from .base import Layer, Param, State, register
-from .convolutional import BatchNormParams, backward_bias_bn_act, forward_bias_bn_act
+from .convolutional import (BatchNormParams, allocate_bias_bn_act_training, backward_bias_bn_act,
+                            forward_bias_bn_act)
 
 
 @register
@@ -71,10 +72,7 @@ class ConnectedLayer(Layer):
 
     def allocate_training(self) -> None:
         super().allocate_training()
-        if act.needs_input(self.act):
-            self.pre = self.training_buffer(self.pre)
-        if self.bn:
-            self.xnorm = self.training_buffer(self.xnorm)
+        allocate_bias_bn_act_training(self)
         self.wgrad_tmp = self.training_buffer(self.wgrad_tmp, self.weights.value.shape)
         self.dx_tmp = self.training_buffer(self.dx_tmp, (self.batch, self.inputs))
 

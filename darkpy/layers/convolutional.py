@@ -228,10 +228,7 @@ class ConvolutionalLayer(Layer):
         nothing is stale after resize/set_batch): besides the delta, the pre-activation
         (swish/mish/...), BN's x̂ and the im2col path's weight-gradient scratch."""
         super().allocate_training()
-        if act.needs_input(self.act):
-            self.pre = self.training_buffer(self.pre)
-        if self.bn:
-            self.xnorm = self.training_buffer(self.xnorm)
+        allocate_bias_bn_act_training(self)
         if not self.winograd:
             rows, _ = self.col_shape
             ng = self.n // self.groups
@@ -317,35 +314,35 @@ class ConvolutionalLayer(Layer):
         a time. Forward: x the input, w the weights. Backward: x the delta, w the weights flipped
         and transposed, pad 2 − padding, y the previous delta."""
         n, c = w.shape[:2]
-        th, tw = wg.tiles(*y.shape[2:])
         u = _xi_view(0, n, c, self.dtype)
         wg.filters(u, w)
+        for items, v, m in self._winograd_chunks(c, n, y.shape[2:]):
+            wg.inputs(v, x[items], pad)
+            for xi in range(16):
+                np.matmul(u[xi], v[xi], out=m[xi])
+            wg.outputs(y[items], m, add)
+
+    def _winograd_chunks(self, c: int, n: int, out_hw: tuple):
+        """(item slice, V (16, c, tiles), M (16, n, tiles)) per chunk of `self.wchunk` items,
+        views of the workspace after the 16 (n, c) matrices at its start (U or dU), for an output
+        of out_hw (h, w) per item."""
+        th, tw = wg.tiles(*out_hw)
         off = _xi_size(n, c)
         for b0 in range(0, self.batch, self.wchunk):
             b1 = min(b0 + self.wchunk, self.batch)
             tiles = (b1 - b0) * th * tw
-            v = _xi_view(off, c, tiles, self.dtype)
-            m = _xi_view(off + _xi_size(c, tiles), n, tiles, self.dtype)
-            wg.inputs(v, x[b0:b1], pad)
-            for xi in range(16):
-                np.matmul(u[xi], v[xi], out=m[xi])
-            wg.outputs(y[b0:b1], m, add)
+            yield (slice(b0, b1), _xi_view(off, c, tiles, self.dtype),
+                   _xi_view(off + _xi_size(c, tiles), n, tiles, self.dtype))
 
     def _winograd_weight_grad(self, x: np.ndarray, dy: np.ndarray) -> None:
         """weights.grad += the gradient of the Winograd forward, exactly the convolution's: per
         chunk, dM = A dY Aᵀ per tile (dy (B, n, oh, ow)), the 16 GEMMs dU[ξ] = dM[ξ] @ V[ξ]ᵀ with V
         the input's transform (x (B, c, h, w)), and Gᵀ dU G added into the gradient."""
         n, c = self.n, self.in_shape[0]
-        th, tw = wg.tiles(*dy.shape[2:])
         du = _xi_view(0, n, c, self.dtype)
-        off = _xi_size(n, c)
-        for b0 in range(0, self.batch, self.wchunk):
-            b1 = min(b0 + self.wchunk, self.batch)
-            tiles = (b1 - b0) * th * tw
-            v = _xi_view(off, c, tiles, self.dtype)
-            dm = _xi_view(off + _xi_size(c, tiles), n, tiles, self.dtype)
-            wg.inputs(v, x[b0:b1], self.padding)
-            wg.outputs_adjoint(dm, dy[b0:b1])
+        for items, v, dm in self._winograd_chunks(c, n, dy.shape[2:]):
+            wg.inputs(v, x[items], self.padding)
+            wg.outputs_adjoint(dm, dy[items])
             for xi in range(16):
                 np.matmul(dm[xi], v[xi].T, out=du[xi])
             wg.filters_adjoint_add(self.weights.grad, du)
@@ -442,6 +439,15 @@ def _xi_view(offset: int, a: int, b: int, dtype) -> np.ndarray:
     previous one ends: a (16, a, b) view whose every [ξ] is a BLAS-ready matrix."""
     flat = ic.get((16, a * b + XI_PAD), dtype, offset)
     return flat[:, :a * b].reshape(16, a, b)
+
+
+def allocate_bias_bn_act_training(layer) -> None:
+    """Shared by conv, deconv and connected: size the training buffers the fused pass needs, the
+    pre-activation (swish/mish/... backward reads it) and BN's x̂, like the layer's output."""
+    if act.needs_input(layer.act):
+        layer.pre = layer.training_buffer(layer.pre)
+    if layer.bn:
+        layer.xnorm = layer.training_buffer(layer.xnorm)
 
 
 def forward_bias_bn_act(layer, y: np.ndarray, train: bool, keep_pre: bool = True) -> None:

@@ -20,7 +20,8 @@ import numpy as np
 from ..kernels import activations as act
 from ..kernels import im2col as ic
 from .base import Layer, Param, State, fmt_shape, register
-from .convolutional import BatchNormParams, backward_bias_bn_act, forward_bias_bn_act
+from .convolutional import (BatchNormParams, allocate_bias_bn_act_training, backward_bias_bn_act,
+                            forward_bias_bn_act)
 
 
 def deconv_out_size(size_in: int, k: int, stride: int, padding: int) -> int:
@@ -112,10 +113,7 @@ class DeconvolutionalLayer(Layer):
 
     def allocate_training(self) -> None:
         super().allocate_training()
-        if act.needs_input(self.act):
-            self.pre = self.training_buffer(self.pre)
-        if self.bn:
-            self.xnorm = self.training_buffer(self.xnorm)
+        allocate_bias_bn_act_training(self)
         rows, cols = self.col_shape
         c = self.in_shape[0]
         self.wgrad_tmp = self.training_buffer(self.wgrad_tmp, (self.chunk, c, rows))

@@ -154,8 +154,29 @@ def overlap(prev: Shape, frm: Shape) -> tuple[int, int, int, int, int] | str:
     return max(stride_w, 1), max(sample_w, 1), min(c1, c2), min(h1, h2), min(w1, w2)
 
 
+class ActivationBuffers:
+    """Mixin for layers that end in an activation (shortcut, sam, scale_channels): backward needs
+    delta·act' (`scratch`, non-linear activations) and the pre-activation (`x`, swish/mish/...),
+    both training-only: empty after allocate, sized by allocate_training."""
+
+    def extra_buffers(self) -> list[np.ndarray]:
+        return [self.x, self.scratch]
+
+    def allocate(self, batch: int) -> None:
+        super().allocate(batch)
+        self.x = np.zeros((0,), self.dtype)
+        self.scratch = np.zeros((0,), self.dtype)
+
+    def allocate_training(self) -> None:
+        super().allocate_training()
+        if self.act != act.LINEAR:
+            self.scratch = self.training_buffer(self.scratch)
+        if act.needs_input(self.act):
+            self.x = self.training_buffer(self.x)
+
+
 @register
-class ShortcutLayer(Layer):
+class ShortcutLayer(ActivationBuffers, Layer):
     kind = "shortcut"
 
     def __init__(self, index: int, in_shape: Shape, refs, sources: list[Layer], activation: str = "linear",
@@ -206,21 +227,6 @@ class ShortcutLayer(Layer):
     def resize(self, in_shape: Shape) -> None:
         self.in_shape = self.out_shape = tuple(in_shape)
         self._compute_maps()
-
-    def extra_buffers(self) -> list[np.ndarray]:
-        return [self.x, self.scratch]
-
-    def allocate(self, batch: int) -> None:
-        super().allocate(batch)
-        self.x = np.zeros((0,), self.dtype)         # both training-only: allocate_training
-        self.scratch = np.zeros((0,), self.dtype)
-
-    def allocate_training(self) -> None:
-        super().allocate_training()
-        if self.act != act.LINEAR:
-            self.scratch = self.training_buffer(self.scratch)
-        if act.needs_input(self.act):
-            self.x = self.training_buffer(self.x)
 
     def _chw(self, a: np.ndarray, shape: Shape) -> np.ndarray:
         return a.reshape(self.batch, *_as_chw(shape))
