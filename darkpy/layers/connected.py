@@ -98,10 +98,8 @@ class ConnectedLayer(Layer):
             ic.add_into(s.delta.reshape(-1), self.dx_tmp.reshape(-1))
 
     def weight_arrays(self) -> list[np.ndarray]:
-        arrays = [self.biases.value, self.weights.value]
-        if self.bn:
-            arrays += [self.bn.scales.value, self.bn.rolling_mean, self.bn.rolling_variance]
-        return arrays
+        # darknet: connected stores its weights BEFORE the BN block (conv stores them after)
+        return [self.biases.value, self.weights.value] + (self.bn.arrays() if self.bn else [])
 
     def flops(self) -> float:
         return 2.0 * self.inputs * self.n

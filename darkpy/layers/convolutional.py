@@ -77,6 +77,10 @@ class BatchNormParams:
         self.mean = np.zeros(n, dtype)       # batch statistics of the last training forward
         self.variance = np.zeros(n, dtype)
 
+    def arrays(self) -> list[np.ndarray]:
+        """The BN block as a .weights file stores it: scales, rolling mean, rolling variance."""
+        return [self.scales.value, self.rolling_mean, self.rolling_variance]
+
     def reset(self) -> None:
         """Darknet's initial values: γ = 1, rolling mean 0, rolling variance 0."""
         self.scales.value.fill(1)
@@ -410,10 +414,7 @@ class ConvolutionalLayer(Layer):
 
     # -- file layout, summary ---------------------------------------------------------------------
     def weight_arrays(self) -> list[np.ndarray]:
-        arrays = [self.biases.value]
-        if self.bn:
-            arrays += [self.bn.scales.value, self.bn.rolling_mean, self.bn.rolling_variance]
-        return arrays + [self.weights.value]
+        return [self.biases.value] + (self.bn.arrays() if self.bn else []) + [self.weights.value]
 
     def flops(self) -> float:
         _, oh, ow = self.out_shape

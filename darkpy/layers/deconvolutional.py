@@ -166,10 +166,7 @@ class DeconvolutionalLayer(Layer):
                 prev[items] += dx
 
     def weight_arrays(self) -> list[np.ndarray]:
-        arrays = [self.biases.value]
-        if self.bn:
-            arrays += [self.bn.scales.value, self.bn.rolling_mean, self.bn.rolling_variance]
-        return arrays + [self.weights.value]
+        return [self.biases.value] + (self.bn.arrays() if self.bn else []) + [self.weights.value]
 
     def flops(self) -> float:
         c, h, w = self.in_shape
