@@ -25,6 +25,11 @@ KEY_ARGS = {**CONTEXT, "ignore_unknown_options": True}
 class DarkpyGroup(click.Group):
     """Turns DarkpyError (and OS errors about files) into one line on stderr and exit status 1."""
 
+    def resolve_command(self, ctx: click.Context, args):
+        from .cli_darknet import check_darknet_order
+        check_darknet_order(args)        # `darkpy train obj.data x.cfg`: says the darkpy command to type
+        return super().resolve_command(ctx, args)
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
@@ -83,6 +88,9 @@ def _settings(**flags):
               help="The .data file (default: cfg/NAME.cfg -> data/NAME.data).")
 @click.option("--weights", type=click.Path(dir_okay=False), help="Start from (resume) these weights.")
 @click.option("--clear", is_flag=True, help="With --weights: restart the iteration count at 0.")
+@click.option("--upto", type=click.IntRange(min=1), metavar="N",
+              help="With --weights: load only layers 0..N-1 (a pretrained backbone; the rest keep their "
+                   "random start) and start the count at 0. Implied by a NAME.conv.N weights file.")
 @click.option("--seed", type=click.IntRange(min=0), help="RNG seed (default: darkpy.toml, else 0).")
 @click.option("--max-batches", type=click.IntRange(min=1), help="Train this many iterations in all.")
 @click.option("--backup", type=click.Path(file_okay=False), help="Folder for checkpoints, log and chart.")
@@ -92,7 +100,7 @@ def _settings(**flags):
               help="Detectors: measure mAP@0.5 on the valid list during training; keep NAME_best.weights.")
 @click.option("--map-every", type=click.IntRange(min=1), metavar="N",
               help="With --map: every N iterations (default: max(100, iterations/10)); implies --map.")
-def train(cfg, data, weights, clear, seed, max_batches, backup, threads, progress, calc_map, map_every):
+def train(cfg, data, weights, clear, upto, seed, max_batches, backup, threads, progress, calc_map, map_every):
     """Train the network of CFG on the `train` list of its .data file.
 
     Checkpoints go to the backup folder with Darknet's names (NAME_last.weights every 100 iterations,
@@ -105,17 +113,22 @@ def train(cfg, data, weights, clear, seed, max_batches, backup, threads, progres
 
     if clear and weights is None:
         raise click.UsageError("--clear needs --weights (it restarts the iteration count of loaded weights)")
+    if upto is not None and weights is None:
+        raise click.UsageError("--upto needs --weights (it loads the first N layers of a weights file)")
     settings = _settings(seed=seed, threads=threads, progress=progress)
     reporter = Progress(settings.progress)
-    result = run_training(cfg, data=data, weights=weights, clear=clear, seed=seed, max_batches=max_batches,
+    result = run_training(cfg, data=data, weights=weights, clear=clear, upto=upto, seed=seed, max_batches=max_batches,
                           backup=backup, settings=settings, progress=reporter,
                           calc_map=calc_map or map_every is not None, map_every=map_every)
     if result.interrupted:
+        from .cli_darknet import resume_command
         click.echo(f"Interrupted at iteration {result.iteration}: saved {result.weights}; resume with "
-                   f"`darkpy train {cfg} --weights {result.weights}`")
+                   f"`{resume_command(click.get_current_context(), result.weights)}`")
         return
-    click.echo(f"Done: {result.iteration} iterations in {result.seconds:.1f} s; saved {result.weights}; "
-               f"loss chart {result.chart}")
+    ran = result.iteration - result.start_iteration
+    count = (f"{result.iteration} iterations" if not result.start_iteration else
+             f"{result.iteration} iterations in all, {ran} in this run (resumed at {result.start_iteration})")
+    click.echo(f"Done: {count} in {result.seconds:.1f} s; saved {result.weights}; loss chart {result.chart}")
     if result.accuracy is not None:
         click.echo(result.accuracy.format())
     if result.map is not None:
@@ -289,9 +302,11 @@ def cfg_convert(src, dst, force):
 
 
 def _register_extensions() -> None:
-    """Commands that live in their own modules: `detect` and `map` (darkpy/cli_detect.py)."""
-    from .cli_detect import register
-    register(main)
+    """Commands that live in their own modules: `detect` and `map` (darkpy/cli_detect.py), `partial`
+    and Darknet's command forms `detector ...`, `classifier ...` (darkpy/cli_darknet.py)."""
+    from . import cli_darknet, cli_detect
+    cli_detect.register(main)
+    cli_darknet.register(main)
 
 
 _register_extensions()

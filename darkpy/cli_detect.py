@@ -57,50 +57,141 @@ def _threads(threads: int | None) -> None:
     configure_threads(load_settings().override(threads=threads).threads)
 
 
+#: what a folder given to `detect` contributes: its files with these extensions (sorted by name)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".gif")
+#: an argument with one of these extensions is a list file: one image path per line
+LIST_EXTENSIONS = (".txt", ".list")
+
+
+def image_inputs(args, stdin=None) -> list[str]:
+    """The images named by `detect`'s arguments, in order: an image file; a folder (its images,
+    sorted); a list file (.txt/.list, one path per line, as Darknet's train/valid lists); `-`: a list
+    read from standard input (Darknet's `detector test ... < list.txt`)."""
+    from .datasets import read_list
+    from .errors import DataError
+
+    out: list[str] = []
+    for a in args:
+        if a == "-":
+            stream = stdin or click.get_text_stream("stdin")
+            out += [line.strip() for line in stream if line.strip()]
+        elif os.path.isdir(a):
+            found = sorted(os.path.join(a, n) for n in os.listdir(a)
+                           if n.lower().endswith(IMAGE_EXTENSIONS) and os.path.isfile(os.path.join(a, n)))
+            if not found:
+                raise DataError(f"{a}: a folder with no images ({', '.join(IMAGE_EXTENSIONS)})")
+            out += found
+        elif a.lower().endswith(LIST_EXTENSIONS):
+            out += read_list(a)
+        else:
+            out.append(a)
+    if not out:
+        raise DataError("no images to detect in (the list was empty)")
+    return out
+
+
+def label_file(image: str, out_dir: str | None) -> str:
+    """Where `--save-labels` writes an image's predictions: beside it (AlexeyAB's -save_labels), or
+    in `out_dir` when given."""
+    stem = os.path.splitext(image)[0]
+    return os.path.join(out_dir, os.path.basename(stem) + ".txt") if out_dir else stem + ".txt"
+
+
+def yolo_label_lines(dets) -> list[str]:
+    """Detections as YOLO label lines `class x y w h` (image-relative centre and size), each box cut
+    to the image first so the file is a valid label file."""
+    lines = []
+    for d in dets:
+        x0, x1 = max(d.x - d.w / 2, 0.0), min(d.x + d.w / 2, 1.0)
+        y0, y1 = max(d.y - d.h / 2, 0.0), min(d.y + d.h / 2, 1.0)
+        if x1 <= x0 or y1 <= y0:
+            continue
+        lines.append(f"{d.class_id} {(x0 + x1) / 2:.6f} {(y0 + y1) / 2:.6f} {x1 - x0:.6f} {y1 - y0:.6f}")
+    return lines
+
+
 @click.command("detect", context_settings=CONTEXT)
 @click.argument("cfg", type=click.Path(dir_okay=False))
 @click.argument("weights", type=click.Path(dir_okay=False))
-@click.argument("images", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("images", nargs=-1, required=True)
 @click.option("--thresh", type=click.FloatRange(0, 1), default=0.25, show_default=True,
               help="Report classes more probable than this.")
 @click.option("--nms", type=click.FloatRange(0, 1), default=0.45, show_default=True,
               help="Non-maximum suppression IoU threshold (0: off).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=".", show_default=True,
-              help="Folder for the images with labelled boxes (IMAGE_predictions.png).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              help="Folder for the images with labelled boxes (IMAGE_predictions.png; default: the "
+                   "current folder) and for --save-labels files.")
+@click.option("--no-draw", is_flag=True, help="Do not write the images with labelled boxes.")
+@click.option("--save-labels", is_flag=True,
+              help="Write each image's detections as a YOLO label file (IMAGE.txt: class x y w h) beside "
+                   "it, or in --out (AlexeyAB's -save_labels).")
+@click.option("--force", is_flag=True, help="With --save-labels: overwrite label files that exist.")
 @click.option("--data", "data", type=click.Path(dir_okay=False), help="The .data file (for class names).")
 @click.option("--no-letterbox", is_flag=True, help="Stretch images to the input size instead of letterboxing.")
-@click.option("--json", "as_json", is_flag=True, help="Print the detections as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the detections of all images as one JSON document.")
 @click.option("--threads", type=click.IntRange(min=0), help="numba/BLAS threads (0 = all cores).")
-def detect_command(cfg, weights, images, thresh, nms, out_dir, data, no_letterbox, as_json, threads):
+def detect_command(cfg, weights, images, thresh, nms, out_dir, no_draw, save_labels, force, data,
+                   no_letterbox, as_json, threads):
     """Detect objects in each IMAGE: print class, confidence and box, and save the image with
-    labelled boxes."""
-    from . import detect, images as im
+    labelled boxes.
 
+    IMAGE may be an image file, a folder (its images), a list file (.txt or .list, one image path per
+    line) or `-` (such a list on standard input)."""
+    from . import detect, images as im
+    from .errors import DataError
+
+    paths = image_inputs(images)
+    labels = [label_file(p, out_dir) for p in paths] if save_labels else []
+    if not force:
+        existing = [p for p in labels if os.path.exists(p)]
+        if existing:
+            more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+            raise DataError(f"{existing[0]}: exists{more}; --save-labels does not overwrite label files "
+                            f"unless --force is given")
     _threads(threads)
     net = _load_detector(cfg, weights)
     classes = detect.detection_heads(net)[-1].classes
     names = _names(cfg, data, classes)
-    os.makedirs(out_dir, exist_ok=True)
+    draw_dir = out_dir or "."
+    for folder in ([draw_dir] if not no_draw else []) + ([out_dir] if save_labels and out_dir else []):
+        os.makedirs(folder, exist_ok=True)
     results = []
-    for path in images:
+    dropped = 0
+    for k, path in enumerate(paths):
         img = im.load_image(path, net.input_shape[0])
         dets = detect.detect_image(net, img, thresh, nms, letterbox=not no_letterbox)
+        dropped += dets.dropped
         h, w = img.shape[1:]
-        out_path = os.path.join(out_dir, os.path.splitext(os.path.basename(path))[0] + "_predictions.png")
-        drawn = detect.draw_detections(img if img.shape[0] == 3 else img.repeat(3, axis=0), dets, names,
-                                       thresh, classes)
-        im.save_image(drawn, out_path)
-        results.append({"image": path, "width": w, "height": h, "output": out_path,
-                        "detections": [d.as_dict(names, w, h) for d in dets]})
+        out_path = None
+        if not no_draw:
+            out_path = os.path.join(draw_dir, os.path.splitext(os.path.basename(path))[0] + "_predictions.png")
+            drawn = detect.draw_detections(img if img.shape[0] == 3 else img.repeat(3, axis=0), dets, names,
+                                           thresh, classes)
+            im.save_image(drawn, out_path)
+        entry = {"image": path, "width": w, "height": h, "output": out_path,
+                 "detections": [d.as_dict(names, w, h) for d in dets], "non_finite_dropped": dets.dropped}
+        if save_labels:
+            lines = yolo_label_lines(dets)
+            with open(labels[k], "w") as f:
+                f.write("".join(line + "\n" for line in lines))
+            entry["labels"] = labels[k]
+        results.append(entry)
         if as_json:
             continue
-        click.echo(f"{path}: {len(dets)} object{'s' if len(dets) != 1 else ''} -> {out_path}")
+        where = f" -> {out_path}" if out_path else ""
+        click.echo(f"{path}: {len(dets)} object{'s' if len(dets) != 1 else ''}{where}")
         for d in dets:
             left, top, right, bot = d.corners(w, h)
-            labels = ", ".join(f"{names[c] if names else c}: {p * 100:.0f}%" for c, p in d.classes_above(thresh))
-            click.echo(f"  {labels}  box (left, top, right, bottom) = ({left}, {top}, {right}, {bot})")
+            labels_text = ", ".join(f"{names[c] if names else c}: {p * 100:.0f}%"
+                                    for c, p in d.classes_above(thresh))
+            click.echo(f"  {labels_text}  box (left, top, right, bottom) = ({left}, {top}, {right}, {bot})")
     if as_json:
         click.echo(json.dumps(results, indent=1))
+    if dropped:
+        click.echo(f"warning: {dropped} candidate box{'es' if dropped != 1 else ''} with non-finite coordinates or "
+                      f"probabilities {'were' if dropped != 1 else 'was'} dropped (in {len(paths)} image"
+                      f"{'s' if len(paths) != 1 else ''}); the weights {weights} look barely trained or "
+                      f"diverged", err=True)
 
 
 @click.command("map", context_settings=CONTEXT)

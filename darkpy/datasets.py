@@ -71,6 +71,23 @@ class DataConfig:
     raw: dict[str, str] = field(default_factory=dict)
 
 
+class MissingFile(str):
+    """A `.data` list path (train, valid, test) that does not exist: the path as written, carrying the
+    error a read of it raises (`read_list`). The check is made when a command reads the list, so
+    `map` (which reads only `valid`) does not need the train list to exist."""
+
+    error: str = ""
+
+    def __new__(cls, value: str, error: str) -> "MissingFile":
+        obj = super().__new__(cls, value)
+        obj.error = error
+        return obj
+
+
+#: `.data` keys naming image lists: checked when a command reads them (see MissingFile)
+LIST_KEYS = ("train", "valid", "test")
+
+
 def _resolve(entry: str, folder: str) -> str | None:
     """An existing path for `entry`: as given (absolute, or relative to the current directory), else
     relative to `folder`; None if neither exists."""
@@ -84,6 +101,8 @@ def _resolve(entry: str, folder: str) -> str | None:
 
 
 def _read_lines(path: str, what: str) -> list[str]:
+    if isinstance(path, MissingFile):
+        raise DataError(path.error)
     try:
         with open(path, "r", encoding="utf-8-sig", errors="surrogateescape") as f:
             return f.read().splitlines()
@@ -102,7 +121,9 @@ def read_data_file(path: str | os.PathLike) -> DataConfig:
     A duplicate key keeps the first value (as Darknet) with a warning; an unknown key is warned about.
     File keys (train, valid, test, names, labels, map, tree, leaves, difficult) are resolved against
     the current directory first, then the `.data` file's folder; a missing one is a `DataError`
-    `file.data:line key: no such file 'x' (...)`. `names` falls back to `labels` (as Darknet) and
+    `file.data:line key: no such file 'x' (...)`, raised here, except for the lists (train, valid,
+    test): those raise it when read (`MissingFile`), so a command only needs the lists it reads. A
+    path written with spaces gets an error saying .data paths cannot have them. `names` falls back to `labels` (as Darknet) and
     `labels` to `names` (darkpy: a classifier then needs only one list); `classes` defaults to the
     number of names, or Darknet's 2 without names. `backup` is None when absent (the caller's default
     applies, not Darknet's `/backup/`).
@@ -111,6 +132,7 @@ def read_data_file(path: str | os.PathLike) -> DataConfig:
     folder = os.path.dirname(path) or "."
     raw: dict[str, str] = {}
     where: dict[str, int] = {}
+    written: dict[str, str] = {}          # values as written, spaces kept (for the error about them)
     for n, line in enumerate(_read_lines(path, ".data file"), 1):
         s = _WS.sub("", line)
         if not s or s[0] in "#;":
@@ -128,6 +150,7 @@ def read_data_file(path: str | os.PathLike) -> DataConfig:
             warnings.warn(f"{path}:{n} {key}: unknown .data key (value {value!r}); ignored",
                           DataWarning, stacklevel=2)
         raw[key], where[key] = value, n
+        written[key] = line.partition("=")[2].strip()
 
     def err(key: str, msg: str) -> DataError:
         return DataError(f"{path}:{where[key]} {key}: {msg}")
@@ -137,9 +160,10 @@ def read_data_file(path: str | os.PathLike) -> DataConfig:
         if key in raw:
             found = _resolve(raw[key], folder)
             if found is None:
-                looked = (f"looked in the current directory {os.getcwd()!r} and in the .data file's "
-                          f"folder {os.path.abspath(folder)!r}") if not os.path.isabs(raw[key]) else "absolute path"
-                raise err(key, f"no such file {raw[key]!r} ({looked})")
+                problem = err(key, _missing_message(raw[key], written[key], folder))
+                if key not in LIST_KEYS:
+                    raise problem
+                found = MissingFile(raw[key], str(problem))
             files[key] = found
 
     def get_int(key: str, default: int) -> int:
@@ -167,6 +191,20 @@ def read_data_file(path: str | os.PathLike) -> DataConfig:
         raise err("eval", f"unknown kind {ev!r} (expected one of {', '.join(EVAL_KINDS)})")
     return DataConfig(path=path, classes=classes, train=files.get("train"), valid=files.get("valid"),
                       names=names, labels=labels, backup=raw.get("backup"), top=top, eval=ev, raw=raw)
+
+
+def _missing_message(value: str, as_written: str, folder: str) -> str:
+    """Why a .data file's path is not found: the places looked in, or, for a path written with
+    spaces, that .data paths cannot have any."""
+    if _WS.search(as_written):
+        # darknet: every space of a .data line is removed (option_list.c strip), so a path with
+        # spaces names another file; darkpy reads it the same way and says so.
+        return (f"paths in .data files cannot contain spaces (Darknet removes every space from a "
+                f".data line, so {as_written!r} reads as {value!r}, which does not exist); rename the file "
+                f"or folder without spaces")
+    looked = (f"looked in the current directory {os.getcwd()!r} and in the .data file's folder "
+              f"{os.path.abspath(folder)!r}") if not os.path.isabs(value) else "absolute path"
+    return f"no such file {value!r} ({looked})"
 
 
 def read_list(path: str | os.PathLike) -> list[str]:

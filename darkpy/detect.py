@@ -15,6 +15,7 @@ Boxes are `(x, y, w, h)` (centre and size) relative to the image, as in Darknet'
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -119,12 +120,20 @@ class Detection:
     probs: np.ndarray = field(repr=False)
 
     def corners(self, img_w: int, img_h: int) -> tuple[int, int, int, int]:
-        """Pixel (left, top, right, bottom), clamped to the image (Darknet's draw_detections)."""
-        left = int((self.x - self.w / 2) * img_w)
-        right = int((self.x + self.w / 2) * img_w)
-        top = int((self.y - self.h / 2) * img_h)
-        bot = int((self.y + self.h / 2) * img_h)
-        return max(left, 0), max(top, 0), min(right, img_w - 1), min(bot, img_h - 1)
+        """Pixel (left, top, right, bottom), clamped to the image (Darknet's draw_detections).
+        The clamping happens before the conversion to int, so a huge box cannot overflow it; a
+        non-finite box is a ValueError (`detect_image` drops those)."""
+        if not all(math.isfinite(v) for v in (self.x, self.y, self.w, self.h)):
+            raise ValueError(f"non-finite box ({self.x}, {self.y}, {self.w}, {self.h})")
+
+        def clamp(v: float, hi: int) -> int:
+            return int(min(max(v, 0.0), float(hi)))
+
+        left = clamp((self.x - self.w / 2) * img_w, img_w - 1)
+        right = clamp((self.x + self.w / 2) * img_w, img_w - 1)
+        top = clamp((self.y - self.h / 2) * img_h, img_h - 1)
+        bot = clamp((self.y + self.h / 2) * img_h, img_h - 1)
+        return left, top, right, bot
 
     def classes_above(self, thresh: float) -> list[tuple[int, float]]:
         return [(int(c), float(self.probs[c])) for c in np.flatnonzero(self.probs > thresh)]
@@ -141,6 +150,24 @@ class Detection:
 
 def _name(names: Sequence[str] | None, c: int) -> str:
     return names[c] if names and 0 <= c < len(names) else str(c)
+
+
+class Detections(list):
+    """The detections of one image (a list of `Detection`), and how many candidates were dropped
+    because their box or probabilities were not finite (`dropped`): barely trained or diverged
+    weights give boxes of size inf (exp overflow) or NaN."""
+
+    dropped: int = 0
+
+
+def drop_non_finite(dets: Boxes) -> tuple[Boxes, int]:
+    """The candidates whose box, objectness and probabilities are all finite, and how many were not."""
+    ok = (np.isfinite(dets.boxes).all(axis=1) & np.isfinite(dets.objectness)
+          & np.isfinite(dets.probs).all(axis=1))
+    bad = int(len(ok) - ok.sum())
+    if not bad:
+        return dets, 0
+    return Boxes(dets.boxes[ok], dets.objectness[ok], dets.probs[ok]), bad
 
 
 def to_detections(dets: Boxes, thresh: float) -> list[Detection]:
@@ -175,16 +202,20 @@ def prepare_image(img: np.ndarray, net, letterbox: bool = True) -> np.ndarray:
 
 
 def detect_image(net, img: np.ndarray, thresh: float = 0.25, nms: float = 0.45,
-                 letterbox: bool = True) -> list[Detection]:
+                 letterbox: bool = True) -> Detections:
     """Detect objects in one `(c, h, w)` image in [0, 1] (images.load_image): forward, decode, NMS.
-    Returns the detections whose best class probability is above `thresh`, most confident first."""
+    Returns the detections whose best class probability is above `thresh`, most confident first;
+    candidates with a non-finite box or probability are dropped first and counted in `.dropped`."""
     if net.batch != 1:
         net.set_batch(1)
     net.forward(prepare_image(img, net, letterbox)[None])
     dets = network_boxes(net, img.shape[2], img.shape[1], thresh, 0, letterbox)
+    dets, dropped = drop_non_finite(dets)
     if nms:
         dets = do_nms_sort(dets, nms, *nms_settings(net))
-    return to_detections(dets, thresh)
+    out = Detections(to_detections(dets, thresh))
+    out.dropped = dropped
+    return out
 
 
 #: Darknet's palette for class colours (get_color)

@@ -175,21 +175,53 @@ def build_layers(doc: CfgDocument, dtype=np.float32, on_error=None) -> tuple[Net
     net = NetConfig.from_section(doc.net)
     layers: list[Layer] = []
     shape = net.input_shape
+    size_hinted = False
     for sec in doc.layers:
-        if on_error is None:
+        try:
             layer = _build_layer(sec, shape, net, layers, dtype, doc.file)
-        else:
-            try:
-                layer = _build_layer(sec, shape, net, layers, dtype, doc.file)
-            except CfgError as e:
-                on_error(e)
-                layer = Layer(sec.index, shape, shape, dtype)
-                layer.section = sec
+        except CfgError as e:
+            hint = None if size_hinted else _input_size_error(doc, net, layers, e)
+            size_hinted = size_hinted or hint is not None
+            if on_error is None:
+                raise (hint or e) from None
+            on_error(hint or e)
+            layer = Layer(sec.index, shape, shape, dtype)
+            layer.section = sec
         layers.append(layer)
         shape = layer.out_shape
     if not layers:
         raise doc.net.error("the network has no layers after [net]")
+    if not size_hinted:
+        _warn_input_size(doc, net, layers)
     return net, layers
+
+
+def _input_size_error(doc: CfgDocument, net: NetConfig, layers: list[Layer], e: CfgError) -> CfgError | None:
+    """A layer failed at an input size that is not a multiple of the total stride (the usual cause
+    of route/shortcut size errors): the error says which sizes work, and what failed."""
+    from .strides import size_message, total_stride
+
+    if len(net.input_shape) != 3:
+        return None
+    stride = total_stride(layers, net.width, net.height)
+    message = size_message(net.width, net.height, stride)
+    if message is None:
+        return None
+    key = "width" if net.width % stride else "height"
+    return doc.net.error(f"{message} (at {net.width}x{net.height}, layer {e.index} [{e.kind}] fails: "
+                         f"{e.message})", key if doc.net.has(key) else None)
+
+
+def _warn_input_size(doc: CfgDocument, net: NetConfig, layers: list[Layer]) -> None:
+    """AlexeyAB warns about a detector whose input is not a multiple of its total stride."""
+    from .strides import size_message, total_stride
+
+    if len(net.input_shape) != 3 or not any(getattr(l, "is_detection_head", False) for l in layers):
+        return
+    message = size_message(net.width, net.height, total_stride(layers, net.width, net.height))
+    if message is not None:
+        warnings.warn(f"{doc.file} [net]: {message}; other sizes build but the grid does not cover the "
+                      f"image evenly", CfgWarning, stacklevel=3)
 
 
 def _build_layer(sec: Section, shape, net: NetConfig, layers: list[Layer], dtype, file: str) -> Layer:

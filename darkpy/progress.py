@@ -4,8 +4,9 @@ The line is Darknet's classifier line, so tools that parse Darknet logs keep wor
 
     300, 20.870: 0.131447, 0.152301 avg, 0.050000 rate, 0.031284 seconds, 19200 images
 
-= iteration, epochs, loss, average loss, learning rate, seconds for the iteration, images seen.
-`parse_line` reads one back. The library never prints by itself: the trainer reports through a
+= iteration, epochs, loss, average loss, learning rate, seconds for the iteration, images seen; in
+"lines" style it ends with the time left (`, 01:23 left`, as AlexeyAB's "hours left"), which the bar
+shows otherwise. `parse_line` reads one back (the time left as `eta` seconds). The library never prints by itself: the trainer reports through a
 `Progress` handed to it (the CLI builds one from the `progress` setting).
 """
 from __future__ import annotations
@@ -23,7 +24,8 @@ LOG_FIELDS = ("iteration", "epoch", "loss", "avg_loss", "cost_mean", "rate", "se
 
 _LINE = re.compile(
     r"^\s*(?P<iteration>\d+), (?P<epoch>[-\d.]+): (?P<loss>\S+), (?P<avg_loss>\S+) avg, "
-    r"(?P<rate>\S+) rate, (?P<seconds>\S+) seconds, (?P<images>\d+) images\s*$")
+    r"(?P<rate>\S+) rate, (?P<seconds>\S+) seconds, (?P<images>\d+) images"
+    r"(?:, (?P<eta>[-\d:]+) left)?\s*$")
 
 
 @dataclass
@@ -52,8 +54,22 @@ def parse_line(line: str) -> dict[str, float] | None:
         return None
     out: dict[str, float] = {}
     for key, text in m.groupdict().items():
+        if key == "eta":
+            if text is not None:
+                out[key] = _parse_seconds(text)
+            continue
         out[key] = int(text) if key in ("iteration", "images") else float(text)
     return out
+
+
+def _parse_seconds(text: str) -> float:
+    """format_seconds read back: "1:02:03", "02:03" -> seconds; "--:--" -> nan."""
+    if "-" in text:
+        return math.nan
+    value = 0
+    for part in text.split(":"):
+        value = value * 60 + int(part)
+    return float(value)
 
 
 class Progress:
@@ -90,19 +106,25 @@ class Progress:
         if self.style == "none":
             return
         self._clear_bar()
-        print(rec.line(), file=self.stream, flush=self.style != "bar")
+        line = rec.line() if self.style == "bar" else f"{rec.line()}, {format_seconds(self.eta(rec))} left"
+        print(line, file=self.stream, flush=self.style != "bar")
         if self.style == "bar":
             self.stream.write(self.bar(rec))
             self.stream.flush()
             self._bar_shown = True
+
+    def eta(self, rec: Record) -> float:
+        """Seconds left after `rec`, at this run's mean pace so far (nan before the first iteration)."""
+        done = rec.iteration - self.first
+        elapsed = time.perf_counter() - self._t0
+        return elapsed / done * (self.total - rec.iteration) if done > 0 else math.nan
 
     def bar(self, rec: Record, width: int = 30) -> str:
         done = rec.iteration - self.first
         todo = max(self.total - self.first, 1)
         frac = min(max(done / todo, 0.0), 1.0)
         fill = int(round(frac * width))
-        elapsed = time.perf_counter() - self._t0
-        eta = elapsed / done * (self.total - rec.iteration) if done > 0 else math.nan
+        eta = self.eta(rec)
         return (f"\r{frac * 100:5.1f}% |{'#' * fill}{'.' * (width - fill)}| {rec.iteration}/{self.total} "
                 f"avg {rec.avg_loss:.4f}  ETA {format_seconds(eta)} ")
 

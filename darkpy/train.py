@@ -35,7 +35,7 @@ from .checkpoint import (SAVE_LAST, SAVE_WEIGHTS, STATE_VERSION, checkpoint_name
                          read_state, remove_stale_temp_files, save_checkpoint, state_path, write_state)
 from .datafile import (cfg_base, check_classes, check_labels, class_names, classifier_labels,  # noqa: F401
                        data_candidates, find_data_file, is_detector, load_data_config, make_dataset,
-                       positive_int, read_image_list, resolve_data_file)
+                       positive_int, read_image_list, require_lists, resolve_data_file)
 from .errors import DarkpyError, DataError, TrainingError, WeightsError  # noqa: F401
 from .evaluate import Prediction, ValidResult, evaluate_classifier, predict, validate  # noqa: F401
 from .progress import CsvLog, Progress, Record
@@ -126,11 +126,14 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
           max_batches: int | None = None, backup: str | os.PathLike | None = None,
           settings: Settings | None = None, progress: Progress | None = None,
           evaluate: bool = True, save_last: int | None = None, save_every: int | None = None,
-          stop_after: int | None = None, calc_map: bool = False, map_every: int | None = None) -> TrainResult:
+          stop_after: int | None = None, calc_map: bool = False, map_every: int | None = None,
+          upto: int | None = None) -> TrainResult:
     """Train the network of `cfg` on the `train` list of its .data file.
 
     `weights` resumes from its `seen` count (and from the `.state` beside it when that matches);
-    `clear` restarts the count at 0. `seed` defaults to the resumed state's seed, else the settings'.
+    `clear` restarts the count at 0. `upto=N` (implied by a `NAME.conv.N` file: `partial.partial_layers`)
+    loads only layers 0..N-1, the others keep their random start, and the count starts at 0 (a
+    pretrained backbone, as Darknet's partial files). `seed` defaults to the resumed state's seed, else the settings'.
     `max_batches` overrides the cfg's. Backup folder: `backup`, else the .data's `backup=`, else the
     settings'. `save_last`/`save_every` override the checkpoint periods (the .data's `savelast` /
     `saveweights` keys, else 100/1000). `stop_after` stops (as if interrupted) after that many
@@ -162,11 +165,17 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
     net = load_network(cfg, seed=settings.seed if seed is None else seed)
     meta = None
     if weights is not None:
+        from .partial import partial_layers, weights_hint
+        upto = upto if upto is not None else partial_layers(weights)
         try:
-            net.load_weights(weights)
+            net.load_weights(weights, upto=upto)
         except WeightsError as e:
-            raise WeightsError(f"{e} (was it trained with another cfg, input size or number of classes?)") from None
-        if clear:
+            raise WeightsError(weights_hint(e, net, cfg, weights, data)) from None
+        if upto is not None:
+            net.seen = 0
+            progress.message(f"Loaded layers 0..{upto - 1} of {weights} (a partial start: the other layers keep "
+                             f"their random start, the iteration count starts at 0)")
+        elif clear:
             net.seen = 0
             progress.message(f"Loaded {weights}; --clear: the iteration count starts at 0")
         else:
@@ -182,7 +191,7 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
     if max_batches <= 0:
         raise TrainingError(f"{cfg}: max_batches is not set; add max_batches=N to [net] or pass --max-batches N")
     net.config.max_batches = max_batches      # the poly/sgdr schedules span the run actually made
-    if weights is not None and not clear:
+    if weights is not None and not clear and upto is None:
         progress.message(f"Resuming from {weights}: iteration {start}, {net.seen} images seen"
                          + (", optimiser state restored" if meta else ""))
     if start >= max_batches:
@@ -191,6 +200,7 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
 
     # -- data ---------------------------------------------------------------------------------------
     check_classes(net, dc)
+    require_lists(dc, ["valid"] if calc_map or (evaluate and not is_detector(net)) else [])
     train_paths = read_image_list(dc.train, "train", data_path)
     labels = None
     if not is_detector(net):
@@ -231,11 +241,15 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
         return {"iteration": k, "seed": seed, "avg_loss": avg, "cfg": os.path.abspath(cfg),
                 "loader": {"seed": seed, "iteration": k, "train_list": dc.train}, "best_map": best_map}
 
-    def draw():
+    def draw(top1: float | None = None):
         from .chart import draw_loss_chart
         recs = log.records
+        metric = [(r.iteration, r.map) for r in recs if not math.isnan(r.map)]
+        if top1 is not None:
+            metric = [(recs[-1].iteration if recs else k, top1)]
         draw_loss_chart(chart_path, [r.iteration for r in recs], [r.loss for r in recs],
-                        [r.avg_loss for r in recs], max_batches, title=base)
+                        [r.avg_loss for r in recs], max_batches, title=base, metric=metric,
+                        metric_name="top-1" if top1 is not None else "mAP@0.5")
 
     if net.config.random and not is_detector(net):
         progress.message(f"Note: [net] random=1 (classifier multi-scale training) is not supported; "
@@ -344,6 +358,7 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
                          best_map=best_map if calc_map else None, best=best_written, sizes=size_changes)
     if evaluate and not interrupted and dc.valid and not is_detector(net):
         result.accuracy = evaluate_classifier(net, dc, read_image_list(dc.valid, "valid", data_path))
+        draw(top1=result.accuracy.top1)
     return result
 
 
