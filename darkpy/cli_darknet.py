@@ -173,8 +173,18 @@ def _run(ctx: click.Context, group: str, verb: str, words: list[str]) -> None:
         return cmd.invoke(sub)
 
 
+class _AliasGroup(click.Group):
+    """A Darknet command group: a verb it does not know is answered with the ones it does."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str):
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is None:
+            translate(self.name, cmd_name, [])        # raises DarknetUsage: no such form
+        return cmd
+
+
 def _alias_group(name: str, doc: str) -> click.Group:
-    @click.group(name, context_settings=CONTEXT, help=doc)
+    @click.group(name, cls=_AliasGroup, context_settings=CONTEXT, help=doc)
     def group():
         pass
 

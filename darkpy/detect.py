@@ -208,8 +208,9 @@ def detect_image(net, img: np.ndarray, thresh: float = 0.25, nms: float = 0.45,
     candidates with a non-finite box or probability are dropped first and counted in `.dropped`."""
     if net.batch != 1:
         net.set_batch(1)
-    net.forward(prepare_image(img, net, letterbox)[None])
-    dets = network_boxes(net, img.shape[2], img.shape[1], thresh, 0, letterbox)
+    with np.errstate(over="ignore", invalid="ignore"):      # counted in `.dropped` instead
+        net.forward(prepare_image(img, net, letterbox)[None])
+        dets = network_boxes(net, img.shape[2], img.shape[1], thresh, 0, letterbox)
     dets, dropped = drop_non_finite(dets)
     if nms:
         dets = do_nms_sort(dets, nms, *nms_settings(net))

@@ -47,8 +47,9 @@ def test_read_data_file_rules_and_resolution(tmp_path, monkeypatch):
 
 def test_read_data_file_errors_have_file_and_line(tmp_path):
     data = _write(tmp_path / "x.data", "classes=2\n# c\ntrain=nope.list\n")
+    dc = D.read_data_file(data)          # a list is checked when it is read (map needs only valid)
     with pytest.raises(DataError) as e:
-        D.read_data_file(data)
+        D.read_list(dc.train)
     msg = str(e.value)
     assert msg.startswith(f"{data}:3 train: no such file 'nope.list'") and str(tmp_path) in msg
     data = _write(tmp_path / "y.data", "classes=2\njunk line\n")
