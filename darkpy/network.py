@@ -205,11 +205,26 @@ def _input_size_error(doc: CfgDocument, net: NetConfig, layers: list[Layer], e: 
         return None
     stride = total_stride(layers, net.width, net.height)
     message = size_message(net.width, net.height, stride)
-    if message is None:
+    if message is None or not _builds_at(doc, -(-net.width // stride) * stride, -(-net.height // stride) * stride,
+                                         e.index):
         return None
     key = "width" if net.width % stride else "height"
     return doc.net.error(f"{message} (at {net.width}x{net.height}, layer {e.index} [{e.kind}] fails: "
                          f"{e.message})", key if doc.net.has(key) else None)
+
+
+def _builds_at(doc: CfgDocument, width: int, height: int, index: int | None) -> bool:
+    """Whether the network gets past layer `index` at another input size (so the size was the cause)."""
+    other = parse_cfg(doc.text(), doc.file)
+    other.set("net.width", str(width))
+    other.set("net.height", str(height))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            build_layers(other)
+        except CfgError as e:
+            return e.index is None or index is None or e.index > index
+    return True
 
 
 def _warn_input_size(doc: CfgDocument, net: NetConfig, layers: list[Layer]) -> None:

@@ -21,11 +21,12 @@ def _pow2(ratio: float) -> int:
 def total_stride(layers: Sequence, width: int, height: int) -> int:
     """The largest factor by which a layer's image output is smaller than the input. Measured on the
     layers built at (width, height) and rounded to a power of two, so the rounding of odd sizes (100
-    -> 50 -> 25 -> 13) does not hide the stride that sizes must be a multiple of."""
+    -> 50 -> 25 -> 13) does not hide the stride that sizes must be a multiple of. 1x1 outputs
+    (global pooling) are left out."""
     best = 1
     for layer in layers:
         shape = getattr(layer, "out_shape", ())
-        if len(shape) == 3 and shape[1] > 0 and shape[2] > 0:
+        if len(shape) == 3 and shape[1] > 1 and shape[2] > 1:        # not a global pool's 1x1
             best = max(best, _pow2(width / shape[2]), _pow2(height / shape[1]))
     return best
 
