@@ -27,7 +27,7 @@ class DarkpyGroup(click.Group):
 
     def resolve_command(self, ctx: click.Context, args):
         from .cli_darknet import check_darknet_order
-        check_darknet_order(args)        # `darkpy train obj.data x.cfg`: says the darkpy command to type
+        check_darknet_order(args, self.commands.get(args[0]) if args else None)   # `darkpy train obj.data x.cfg`
         return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context):

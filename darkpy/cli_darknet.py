@@ -245,13 +245,24 @@ _ORDER_FORMS = {"train": ("detector", "train"), "detect": ("detector", "test"), 
                 "valid": ("classifier", "valid"), "predict": ("classifier", "predict")}
 
 
-def check_darknet_order(args: list[str]) -> None:
+def check_darknet_order(args: list[str], command: click.Command | None = None) -> None:
     """`darkpy train obj.data x.cfg ...`: a .data file where the cfg goes. Raises a DarknetUsage
-    error naming the darkpy command to type (and Darknet's form that also works)."""
+    error naming the darkpy command to type (and Darknet's form that also works). `command` (the
+    darkpy command named by args[0]) tells which options take a value, to skip it."""
     if not args or args[0] not in _ORDER_FORMS:
         return
     rest = args[1:]
-    first = next((w for w in rest if not w.startswith("-") or w == "-"), None)
+    valued = {o for p in (command.params if command else ()) if isinstance(p, click.Option) and not p.is_flag
+              and not p.count for o in p.opts}
+    first, skip = None, False
+    for w in rest:
+        if skip:
+            skip = False
+        elif w in valued:
+            skip = True
+        elif not w.startswith("-") or w == "-":
+            first = w
+            break
     if first is None or not first.endswith(".data"):
         return
     group, verb = _ORDER_FORMS[args[0]]

@@ -167,6 +167,9 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
     if weights is not None:
         from .partial import partial_layers, weights_hint
         upto = upto if upto is not None else partial_layers(weights)
+        if upto is not None and upto > len(net.layers):
+            raise WeightsError(f"{weights}: --upto {upto} (or a .conv.{upto} name) is more than the "
+                               f"{len(net.layers)} layers of {cfg}")
         try:
             net.load_weights(weights, upto=upto)
         except WeightsError as e:

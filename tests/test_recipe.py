@@ -303,6 +303,8 @@ def test_classifier_forms(tmp_path):
     p = make_classifier(tmp_path)
     r = invoke("classifier", "train", p.data, p.cfg, "-clear")
     assert r.exit_code == 0, r.output
+    px = np.asarray(Image.open(Path(p.backup) / "chart.png").convert("RGB")).astype(int)
+    assert _red(px).sum() > 20, "the final top-1 accuracy is drawn in red"
     w = Path(p.backup) / "tiny_final.weights"
     img = read_list(p.valid_list)[0]
     r = invoke("classifier", "predict", p.data, p.cfg, w, img, "-t", 1)
@@ -320,6 +322,8 @@ def test_darknet_order_given_to_darkpy_commands_says_what_to_type(tmp_path):
     r = invoke("train", "obj.data")
     one_line_error(r, "obj.data is a .data file; darkpy takes the network's cfg first and the .data file with "
                       "--data: `darkpy train CFG --data obj.data ...`")
+    r = invoke("train", "--data", "obj.data", "missing.cfg")         # an option's value is not the cfg
+    one_line_error(r, "obj.data: no such .data file")
     r = invoke("map", "obj.data", "x.cfg", "x.weights")
     one_line_error(r, "`darkpy map x.cfg x.weights --data obj.data`")
 
