@@ -117,8 +117,8 @@ def train(cfg, data, weights, clear, upto, seed, max_batches, backup, threads, p
         raise click.UsageError("--upto needs --weights (it loads the first N layers of a weights file)")
     settings = _settings(seed=seed, threads=threads, progress=progress)
     reporter = Progress(settings.progress)
-    result = run_training(cfg, data=data, weights=weights, clear=clear, upto=upto, seed=seed, max_batches=max_batches,
-                          backup=backup, settings=settings, progress=reporter,
+    result = run_training(cfg, data=data, weights=weights, clear=clear, upto=upto, seed=seed,
+                          max_batches=max_batches, backup=backup, settings=settings, progress=reporter,
                           calc_map=calc_map or map_every is not None, map_every=map_every)
     if result.interrupted:
         from .cli_darknet import resume_command

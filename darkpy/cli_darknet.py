@@ -199,6 +199,9 @@ def _alias_group(name: str, doc: str) -> click.Group:
             @click.argument("words", nargs=-1, type=click.UNPROCESSED)
             @click.pass_context
             def alias(ctx, words):
+                if "--help" in words or "-h" in words:
+                    click.echo(ctx.get_help())
+                    return None
                 return _run(ctx, name, verb, list(words))
             return alias
 

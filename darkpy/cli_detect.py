@@ -138,60 +138,73 @@ def detect_command(cfg, weights, images, thresh, nms, out_dir, no_draw, save_lab
     IMAGE may be an image file, a folder (its images), a list file (.txt or .list, one image path per
     line) or `-` (such a list on standard input)."""
     from . import detect, images as im
-    from .errors import DataError
 
     paths = image_inputs(images)
     labels = [label_file(p, out_dir) for p in paths] if save_labels else []
     if not force:
-        existing = [p for p in labels if os.path.exists(p)]
-        if existing:
-            more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
-            raise DataError(f"{existing[0]}: exists{more}; --save-labels does not overwrite label files "
-                            f"unless --force is given")
+        _refuse_overwrite(labels)
     _threads(threads)
     net = _load_detector(cfg, weights)
     classes = detect.detection_heads(net)[-1].classes
     names = _names(cfg, data, classes)
-    draw_dir = out_dir or "."
-    for folder in ([draw_dir] if not no_draw else []) + ([out_dir] if save_labels and out_dir else []):
+    draw_dir = None if no_draw else (out_dir or ".")
+    for folder in {draw_dir, out_dir if save_labels else None} - {None}:
         os.makedirs(folder, exist_ok=True)
     results = []
-    dropped = 0
     for k, path in enumerate(paths):
         img = im.load_image(path, net.input_shape[0])
         dets = detect.detect_image(net, img, thresh, nms, letterbox=not no_letterbox)
-        dropped += dets.dropped
-        h, w = img.shape[1:]
-        out_path = None
-        if not no_draw:
-            out_path = os.path.join(draw_dir, os.path.splitext(os.path.basename(path))[0] + "_predictions.png")
-            drawn = detect.draw_detections(img if img.shape[0] == 3 else img.repeat(3, axis=0), dets, names,
-                                           thresh, classes)
-            im.save_image(drawn, out_path)
-        entry = {"image": path, "width": w, "height": h, "output": out_path,
-                 "detections": [d.as_dict(names, w, h) for d in dets], "non_finite_dropped": dets.dropped}
-        if save_labels:
-            lines = yolo_label_lines(dets)
-            with open(labels[k], "w") as f:
-                f.write("".join(line + "\n" for line in lines))
-            entry["labels"] = labels[k]
+        entry = _write_outputs(path, img, dets, names, thresh, classes, draw_dir, labels[k] if labels else None)
         results.append(entry)
-        if as_json:
-            continue
-        where = f" -> {out_path}" if out_path else ""
-        click.echo(f"{path}: {len(dets)} object{'s' if len(dets) != 1 else ''}{where}")
-        for d in dets:
-            left, top, right, bot = d.corners(w, h)
-            labels_text = ", ".join(f"{names[c] if names else c}: {p * 100:.0f}%"
-                                    for c, p in d.classes_above(thresh))
-            click.echo(f"  {labels_text}  box (left, top, right, bottom) = ({left}, {top}, {right}, {bot})")
+        if not as_json:
+            _print_detections(entry, dets, names, thresh)
     if as_json:
         click.echo(json.dumps(results, indent=1))
+    dropped = sum(r["non_finite_dropped"] for r in results)
     if dropped:
-        click.echo(f"warning: {dropped} candidate box{'es' if dropped != 1 else ''} with non-finite coordinates or "
-                      f"probabilities {'were' if dropped != 1 else 'was'} dropped (in {len(paths)} image"
-                      f"{'s' if len(paths) != 1 else ''}); the weights {weights} look barely trained or "
-                      f"diverged", err=True)
+        n = len(paths)
+        click.echo(f"warning: {dropped} candidate box{'es' if dropped != 1 else ''} with non-finite coordinates "
+                   f"or probabilities {'were' if dropped != 1 else 'was'} dropped (in {n} image"
+                   f"{'s' if n != 1 else ''}); the weights {weights} look barely trained or diverged", err=True)
+
+
+def _refuse_overwrite(labels: list[str]) -> None:
+    from .errors import DataError
+
+    existing = [p for p in labels if os.path.exists(p)]
+    if existing:
+        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+        raise DataError(f"{existing[0]}: exists{more}; --save-labels does not overwrite label files "
+                        f"unless --force is given")
+
+
+def _write_outputs(path, img, dets, names, thresh, classes, draw_dir, label_path) -> dict:
+    """The drawn image (into `draw_dir`, unless None) and the label file (`label_path`, unless None)
+    of one image; returns its JSON entry."""
+    from . import detect, images as im
+
+    h, w = img.shape[1:]
+    out_path = None
+    if draw_dir is not None:
+        out_path = os.path.join(draw_dir, os.path.splitext(os.path.basename(path))[0] + "_predictions.png")
+        rgb = img if img.shape[0] == 3 else img.repeat(3, axis=0)
+        im.save_image(detect.draw_detections(rgb, dets, names, thresh, classes), out_path)
+    entry = {"image": path, "width": w, "height": h, "output": out_path,
+             "detections": [d.as_dict(names, w, h) for d in dets], "non_finite_dropped": dets.dropped}
+    if label_path is not None:
+        with open(label_path, "w") as f:
+            f.write("".join(line + "\n" for line in yolo_label_lines(dets)))
+        entry["labels"] = label_path
+    return entry
+
+
+def _print_detections(entry: dict, dets, names, thresh) -> None:
+    where = f" -> {entry['output']}" if entry["output"] else ""
+    click.echo(f"{entry['image']}: {len(dets)} object{'s' if len(dets) != 1 else ''}{where}")
+    for d in dets:
+        left, top, right, bot = d.corners(entry["width"], entry["height"])
+        found = ", ".join(f"{names[c] if names else c}: {p * 100:.0f}%" for c, p in d.classes_above(thresh))
+        click.echo(f"  {found}  box (left, top, right, bottom) = ({left}, {top}, {right}, {bot})")
 
 
 @click.command("map", context_settings=CONTEXT)

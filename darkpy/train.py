@@ -131,9 +131,10 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
     """Train the network of `cfg` on the `train` list of its .data file.
 
     `weights` resumes from its `seen` count (and from the `.state` beside it when that matches);
-    `clear` restarts the count at 0. `upto=N` (implied by a `NAME.conv.N` file: `partial.partial_layers`)
-    loads only layers 0..N-1, the others keep their random start, and the count starts at 0 (a
-    pretrained backbone, as Darknet's partial files). `seed` defaults to the resumed state's seed, else the settings'.
+    `clear` restarts the count at 0. `upto=N` (implied by a `NAME.conv.N` file, see
+    `partial.partial_layers`) loads only layers 0..N-1, the others keep their random start, and the
+    count starts at 0 (a pretrained backbone, as Darknet's partial files). `seed` defaults to the
+    resumed state's seed, else the settings'.
     `max_batches` overrides the cfg's. Backup folder: `backup`, else the .data's `backup=`, else the
     settings'. `save_last`/`save_every` override the checkpoint periods (the .data's `savelast` /
     `saveweights` keys, else 100/1000). `stop_after` stops (as if interrupted) after that many
