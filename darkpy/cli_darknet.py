@@ -193,10 +193,10 @@ def _alias_group(name: str, doc: str) -> click.Group:
             continue
 
         def make(verb=verb, form=form):
-            @click.command(verb, context_settings=PASS_ALL, add_help_option=False,
+            @click.command(verb, context_settings=PASS_ALL, add_help_option=False, options_metavar="",
                            help=f"Darknet's `{name} {verb} {form.usage}`: prints and runs the darkpy command.",
                            short_help=f"{form.usage}")
-            @click.argument("words", nargs=-1, type=click.UNPROCESSED)
+            @click.argument("words", nargs=-1, type=click.UNPROCESSED, metavar=form.usage)
             @click.pass_context
             def alias(ctx, words):
                 if "--help" in words or "-h" in words:
