@@ -239,6 +239,14 @@ def test_weights_of_another_class_count_suggest_the_partial_commands(tmp_path, s
     assert r.exit_code == 0, r.output
 
 
+def test_partial_refuses_more_layers_than_the_network_has(tmp_path, shapes):
+    cfg, data = make_detector(tmp_path, shapes, max_batches=1, random=0)
+    src = T.train(cfg, data=data, settings=Settings(), evaluate=False)
+    one_line_error(invoke("partial", cfg, src.weights, tmp_path / "x.conv.9", 9), "has 4 layers; N must be 1..4")
+    one_line_error(invoke("train", cfg, "--data", data, "--weights", src.weights, "--upto", 9),
+                   "--upto 9 (or a .conv.9 name) is more than the 4 layers")
+
+
 def test_upto_needs_weights(tmp_path):
     p = make_classifier(tmp_path)
     r = invoke("train", p.cfg, "--data", p.data, "--upto", 3)
