@@ -455,11 +455,18 @@ def network_from_text(text: str, batch: int | None = None, dtype=np.float32, see
 
 def check_cfg(path) -> list[str]:
     """Every problem in a cfg, as one-line messages (warnings included), in file order. Empty = clean."""
+    return [message for message, _is_error in check_cfg_problems(path)]
+
+
+def check_cfg_problems(path) -> list[tuple[str, bool]]:
+    """As `check_cfg`, each message with whether it is an error (False: a warning)."""
     try:
-        doc = load_cfg(path)
+        with warnings.catch_warnings():         # the reader's warnings come back in parse_warnings
+            warnings.simplefilter("ignore", CfgWarning)
+            doc = load_cfg(path)
     except CfgError as e:
-        return [str(e)]
-    return [message for message, _is_error in cfg_problems(doc)]
+        return [(str(e), True)]
+    return cfg_problems(doc)
 
 
 def cfg_problems(doc: CfgDocument) -> list[tuple[str, bool]]:
@@ -472,7 +479,7 @@ def cfg_problems(doc: CfgDocument) -> list[tuple[str, bool]]:
         except CfgError as e:
             caught.append(e)
         found = list(caught)
-    out = []
+    out = [(message, False) for message in getattr(doc, "parse_warnings", ())]
     for item in found:
         if isinstance(item, CfgError):
             out.append((str(item), True))

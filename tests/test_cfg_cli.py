@@ -166,3 +166,29 @@ def test_cfg_commands_on_shipped_cfgs(monkeypatch):
     assert r.exit_code == 0, r.stdout
     r = invoke("cfg", "get", "cfg/digits.cfg", "net.max_batches", "net.flip", "-1.groups")
     assert r.stdout.split() == ["600", "0", "1"]
+
+
+# -- duplicate keys and --strict (issue 13) ---------------------------------------------------------
+
+def test_check_warnings_alone_exit_0_and_strict_makes_them_errors(tmp_path):
+    p = tmp_path / "dup.cfg"
+    p.write_text(CFG.replace("batch=4    # per update", "batch=4    # per update\nbatch=64"))
+    r = invoke("cfg", "check", p)
+    line = (f"{p}:4 [net] batch: duplicate key: line 3 sets '4', line 4 sets '64'; the first is used "
+            f"(batch=4), as in darknet")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines() == [line, f"{p}: ok (1 warning)"]
+    assert "1 problem in" in r.stderr and "(0 errors, 1 warning)" in r.stderr
+    r = invoke("cfg", "check", "--strict", p)
+    assert r.exit_code == 1 and r.stdout.splitlines() == [line] and "(1 error, 0 warnings)" in r.stderr
+    assert load_network(load_cfg(p)).config.batch == 4
+
+
+def test_set_on_a_file_with_a_duplicate_warns_once_and_edits_the_first(tmp_path):
+    p = tmp_path / "dup.cfg"
+    p.write_text(CFG.replace("batch=4    # per update", "batch=4    # per update\nbatch=64"))
+    r = invoke("cfg", "set", p, "net.width=16")
+    assert r.exit_code == 0, r.output
+    assert r.stderr.count("duplicate key") == 1
+    r = invoke("cfg", "set", p, "net.batch=2")
+    assert p.read_text().splitlines()[2:4] == ["batch=2    # per update", "batch=64"]

@@ -27,10 +27,6 @@ REPOS = ("pjreddie", "alexeyab")
 
 #: Shipped cfgs darkpy rejects although every section is supported: each is broken as shipped.
 KNOWN_BAD = {
-    # "# Testing" (batch=1) and "# Training" (batch=64) blocks both active: Darknet silently takes the
-    # first; darkpy refuses to guess. (yolo9000 repeats the same values: only a warning there.)
-    "pjreddie/yolov3-openimages.cfg": r":6 \[net\] batch: duplicate key with a different value",
-    "alexeyab/yolov3-openimages.cfg": r":6 \[net\] batch: duplicate key with a different value",
     # mask=16..19 with num=16: the fork reads anchors past the end of its array
     "alexeyab/cspx-p7-mish.cfg": r":2583 \[section #374 yolo\] mask: mask value 16 is not an anchor index",
     # a missing comma in `anchors` ("61,45    61,45" reads as 4561): 31 values for num=16
