@@ -128,11 +128,15 @@ class Section:
                                  key) from None
         return out
 
-    def get_choice(self, key: str, choices: Iterable[str], default: Any = REQUIRED) -> Any:
+    def get_choice(self, key: str, choices: Iterable[str], default: Any = REQUIRED,
+                   aliases: dict[str, str] | None = None) -> Any:
+        """One of `choices`; a key of `aliases` (another spelling, e.g. silu) reads as its value."""
         value = self.get_str(key, default)
         choices = list(choices)
+        if aliases and value in aliases:
+            return aliases[value]
         if value not in choices and value is not default:
-            hint = difflib.get_close_matches(value, choices, n=1)
+            hint = difflib.get_close_matches(value, choices + list(aliases or ()), n=1)
             tip = f"; did you mean {hint[0]!r}?" if hint else ""
             raise self.error(f"unknown value (got {value!r}, expected one of {', '.join(choices)}){tip}", key)
         return value

@@ -419,7 +419,7 @@ class RNNLayer(_SimpleRecurrent):
         outputs = _positive(sec, "output")
         # pjreddie does not read `hidden` (its hidden size is `output`); AlexeyAB does
         hidden = _positive(sec, "hidden", outputs)
-        activation = sec.get_choice("activation", act.NAMES, "logistic")
+        activation = sec.get_choice("activation", act.NAMES, "logistic", aliases=act.ALIASES)
         bn = sec.get_bool("batch_normalize", False)
         shortcut = sec.get_bool("shortcut", False)
         logistic = sec.get_int("logistic", 0)       # AlexeyAB: the self layer's activation
@@ -472,7 +472,7 @@ class CRNNLayer(_SimpleRecurrent):
         if p_keys and a_keys:
             raise sec.error(f"mixes pjreddie's {'/'.join(p_keys)} with AlexeyAB's {'/'.join(a_keys)}; "
                             f"use output_filters/hidden_filters or output/hidden", a_keys[0])
-        activation = sec.get_choice("activation", act.NAMES, "logistic")
+        activation = sec.get_choice("activation", act.NAMES, "logistic", aliases=act.ALIASES)
         bn = sec.get_bool("batch_normalize", False)
         shortcut = sec.get_bool("shortcut", False)
         steps = ctx.net.time_steps
