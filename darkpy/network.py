@@ -160,6 +160,7 @@ class BuildContext:
     index: int
     dtype: np.dtype
     file: str = "<cfg>"
+    dialect: str = "darknet"            # "yolor": the YOLOR project's cfgs (layers/yolor.py)
 
     def ref(self, sec: Section, key: str, value: int) -> int:
         """Resolve a layer reference (negative = relative to this layer) to an absolute index."""
@@ -172,15 +173,18 @@ class BuildContext:
 def build_layers(doc: CfgDocument, dtype=np.float32, on_error=None) -> tuple[NetConfig, list[Layer]]:
     """Build every layer. With `on_error`, a section that fails is reported to it and replaced by a
     pass-through placeholder, so later sections are still checked (`cfg check` lists every problem)."""
+    from .layers.yolor import dialect
+
     net = NetConfig.from_section(doc.net)
     layers: list[Layer] = []
     shape = net.input_shape
+    kind = dialect(doc)
     for sec in doc.layers:
         if on_error is None:
-            layer = _build_layer(sec, shape, net, layers, dtype, doc.file)
+            layer = _build_layer(sec, shape, net, layers, dtype, doc.file, kind)
         else:
             try:
-                layer = _build_layer(sec, shape, net, layers, dtype, doc.file)
+                layer = _build_layer(sec, shape, net, layers, dtype, doc.file, kind)
             except CfgError as e:
                 on_error(e)
                 layer = Layer(sec.index, shape, shape, dtype)
@@ -192,12 +196,13 @@ def build_layers(doc: CfgDocument, dtype=np.float32, on_error=None) -> tuple[Net
     return net, layers
 
 
-def _build_layer(sec: Section, shape, net: NetConfig, layers: list[Layer], dtype, file: str) -> Layer:
+def _build_layer(sec: Section, shape, net: NetConfig, layers: list[Layer], dtype, file: str,
+                 dialect: str = "darknet") -> Layer:
     """Build one layer section on input `shape` (raises CfgError)."""
     cls = REGISTRY.get(sec.kind)
     if cls is None:
         raise sec.error(_unknown_section_message(sec.kind))
-    ctx = BuildContext(net, layers, sec.index, np.dtype(dtype), file)
+    ctx = BuildContext(net, layers, sec.index, np.dtype(dtype), file, dialect)
     if cls.needs_image and not is_image(shape):
         raise sec.error(f"the layer before [{sec.kind}] must output an image (got a flat vector of "
                         f"{numel(shape)} values)")
