@@ -138,7 +138,7 @@ def load_tree(sec, key: str = "tree") -> Tree:
 def tree_softmax(out, x, offsets, sizes, temp):
     """out, x: (R, n, S). For every row r and position s, softmax of x[r, :, s] / temp over each
     group [offsets[g], offsets[g] + sizes[g])."""
-    R, n, S = x.shape
+    R, _, S = x.shape
     for rs in prange(R * S):
         r = rs // S
         s = rs % S
@@ -226,15 +226,9 @@ class TreeRegionLayer(RegionLayer):
         layer.softmax = True           # darknet: the tree replaces the softmax/logistic choice
         return layer
 
-    def _class_planes(self, a: np.ndarray) -> np.ndarray:
-        """(batch·n, classes, h·w) view of the class planes of a (batch, n·entries·h·w) buffer."""
-        c, h, w = self.out_shape
-        return a.reshape(self.batch, self.n, self.entries, h * w)[:, :, 5:].reshape(
-            self.batch * self.n, self.classes, h * w)
-
     def forward(self, s: State) -> None:
         super().forward(s)            # activations (flat softmax on the classes) and flat deltas
-        c, h, w = self.out_shape
+        _, h, w = self.out_shape
         x = s.input.reshape(self.batch, self.n, self.entries, h * w)[:, :, 5:]
         out4 = self.output.reshape(self.batch, self.n, self.entries, h * w)
         planes = np.empty((self.batch * self.n, self.classes, h * w), self.dtype)
@@ -250,7 +244,7 @@ class TreeRegionLayer(RegionLayer):
     def _hierarchical_class_deltas(self) -> None:
         """Replace the flat class deltas of every trained anchor (those with any class delta: the
         flat rule gives only its truth class a positive delta) by delta_region_class's."""
-        c, h, w = self.out_shape
+        _, h, w = self.out_shape
         d = self.delta.reshape(self.batch, self.n, self.entries, h * w)[:, :, 5:]
         p = self.output.reshape(self.batch, self.n, self.entries, h * w)[:, :, 5:]
         trained = np.argwhere(np.any(d != 0, axis=2))          # (k, 3): b, anchor, cell
