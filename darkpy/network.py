@@ -422,13 +422,14 @@ class Network:
         return rate
 
     # -- weights -----------------------------------------------------------------------------------
-    def save_weights(self, path, upto: int | None = None) -> None:
+    def save_weights(self, path, upto: int | None = None, order: str = "pjreddie") -> None:
         from .weights import save_weights
-        save_weights(self, path, upto)
+        save_weights(self, path, upto, order)
 
-    def load_weights(self, path, upto: int | None = None) -> None:
+    def load_weights(self, path, upto: int | None = None, order: str | None = None) -> None:
+        """`order`: the file's layout of gru/lstm/batchnorm (darkpy/weights.py; None: by header)."""
         from .weights import load_weights
-        load_weights(self, path, upto)
+        load_weights(self, path, upto, order)
 
     def summary(self) -> str:
         from .summary import summary_text

@@ -14,7 +14,8 @@ pass. The input-side layers (rnn/crnn `input`, gru/lstm `u*`) do not depend on t
 that does not change the statistics (no BN, or inference) they run over all rows in one GEMM.
 The inner layers' Params are the outer layer's `params` (named `<inner>.<param>`), so
 `Network.update()` trains them; `weight_arrays()` concatenates the inner layers' arrays in
-pjreddie's file order (spec §7).
+pjreddie's file order (spec §7), `alexeyab_weight_arrays()` in AlexeyAB's (gru: uz ur uh wz wr wh;
+lstm: wf wi wg wo uf ui ug uo); darkpy/weights.py says which a file uses.
 
 Hidden state. Within one forward the state flows from step to step, starting from zero: every
 forward is a pure function of its input and parameters (what pjreddie's CPU path does for training,
@@ -317,6 +318,16 @@ class _Recurrent(Layer):
     def weight_arrays(self) -> list[np.ndarray]:
         return [a for i in self.inner for a in i.layer.weight_arrays()]
 
+    #: AlexeyAB's .weights order of the inner layers, by name (None: the same as pjreddie's).
+    ALEXEYAB_ORDER: tuple[str, ...] | None = None
+
+    def alexeyab_weight_arrays(self) -> list[np.ndarray]:
+        """The arrays in AlexeyAB's file order (darkpy/weights.py chooses which order to use)."""
+        if self.ALEXEYAB_ORDER is None:
+            return self.weight_arrays()
+        by_name = {i.name: i for i in self.inner}
+        return [a for name in self.ALEXEYAB_ORDER for a in by_name[name].layer.weight_arrays()]
+
     def flops(self) -> float:
         return sum(i.layer.flops() for i in self.inner)
 
@@ -522,6 +533,7 @@ class CRNNLayer(_SimpleRecurrent):
 @register
 class GRULayer(_Recurrent):
     kind = "gru"
+    ALEXEYAB_ORDER = ("uz", "ur", "uh", "wz", "wr", "wh")     # its input_* layers first
 
     def __init__(self, index: int, in_shape, outputs: int, steps: int, batch_normalize: bool = False,
                  tanh: bool = False, dtype=np.float32):
@@ -618,6 +630,7 @@ class GRULayer(_Recurrent):
 @register
 class LSTMLayer(_Recurrent):
     kind = "lstm"
+    ALEXEYAB_ORDER = ("wf", "wi", "wg", "wo", "uf", "ui", "ug", "uo")
 
     def __init__(self, index: int, in_shape, outputs: int, steps: int, batch_normalize: bool = False,
                  dtype=np.float32):
