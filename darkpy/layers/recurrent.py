@@ -687,10 +687,10 @@ class LSTMLayer(_Recurrent):
             h, c = self._prev(t)
             for w in (self.wi, self.wf, self.wo, self.wg):
                 self._forward(w, h, rows.start, rows.stop, t, s.train)
+            g = [_rows2d(inner.output[rows]) for inner in (self.wf, self.uf, self.wi, self.ui, self.wg,
+                                                          self.ug, self.wo, self.uo)]
             lstm_step(self.f[rows], self.i[rows], self.g[rows], self.o[rows], self.c[rows],
-                      self.output[rows], self.wf.output[rows], self.uf.output[rows],
-                      self.wi.output[rows], self.ui.output[rows], self.wg.output[rows],
-                      self.ug.output[rows], self.wo.output[rows], self.uo.output[rows], c)
+                      _rows2d(self.output[rows]), *g, c)
         if self.carry_state:
             last = self._rows(self.steps - 1)
             self.h0[...] = self.output[last]
@@ -703,9 +703,10 @@ class LSTMLayer(_Recurrent):
         for t in range(self.steps - 1, -1, -1):
             rows = self._rows(t)
             h, c = self._prev(t)
-            lstm_backward_step(self.uf.delta[rows], self.ui.delta[rows], self.ug.delta[rows],
-                               self.uo.delta[rows], self.dc, self.delta[rows], self.f[rows],
-                               self.i[rows], self.g[rows], self.o[rows], self.c[rows], c)
+            lstm_backward_step(_rows2d(self.uf.delta[rows]), _rows2d(self.ui.delta[rows]),
+                               _rows2d(self.ug.delta[rows]), _rows2d(self.uo.delta[rows]), self.dc,
+                               _rows2d(self.delta[rows]), self.f[rows], self.i[rows], self.g[rows],
+                               self.o[rows], self.c[rows], c)
             dprev = self.delta[self._rows(t - 1)] if t > 0 else None
             for w, u in ((self.wi, self.ui), (self.wf, self.uf), (self.wo, self.uo), (self.wg, self.ug)):
                 w.delta[rows] = u.delta[rows]
@@ -715,6 +716,11 @@ class LSTMLayer(_Recurrent):
 
     def summary(self) -> str:
         return f"LSTM Layer: {self.inputs} inputs, {self.outputs} outputs"
+
+
+def _rows2d(a: np.ndarray) -> np.ndarray:
+    """(rows, ...) as (rows, values): conv inner layers (conv_lstm) have image-shaped rows."""
+    return a.reshape(a.shape[0], -1)
 
 
 def _positive(sec, key: str, default: int = 1) -> int:
