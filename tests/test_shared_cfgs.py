@@ -201,14 +201,14 @@ def _same(darkpy_shape: tuple, expected: tuple) -> bool:
 def _stand_in_data_files(path, folder) -> None:
     """Files the cfg names that ship with Darknet's repository, not with ../shared (YOLO9000's
     data/9k.tree and data/coco9k.map), generated in `folder` (the test's current directory) with
-    the sizes the cfg needs: a tree of one root and its 9417 children, an identity class map."""
+    the sizes the cfg needs: a tree of one root and its 9417 children, a map of 80 COCO classes."""
     text = path.read_text()
     if "tree=" not in text.replace(" ", ""):
         return
     n = 9418
     (folder / "data").mkdir(exist_ok=True)
     (folder / "data" / "9k.tree").write_text("root -1\n" + "".join(f"n{i} 0\n" for i in range(1, n)))
-    (folder / "data" / "coco9k.map").write_text("".join(f"{i}\n" for i in range(n)))
+    (folder / "data" / "coco9k.map").write_text("".join(f"{i * 100}\n" for i in range(80)))   # 80 COCO ids
 
 
 @pytest.mark.parametrize("name", shared_names())

@@ -165,3 +165,17 @@ def test_region_tree_training_lowers_the_loss(tree_file):
         net.backward()
         net.update()
     assert np.mean(losses[-3:]) < 0.5 * np.mean(losses[:3]), losses
+
+
+def test_region_tree_with_a_short_class_map(tree_file, tmp_path):
+    """YOLO9000's coco9k.map names fewer ids than the tree has nodes: truth class i trains map[i]."""
+    (tmp_path / "short.map").write_text("6\n4\n")
+    net = network_from_text(_region_cfg(tree_file) + f"map={tmp_path / 'short.map'}\n", dtype=np.float64)
+    assert net.layers[0].class_map.tolist() == [6, 4, 2, 3, 4, 5, 6]
+    truth = np.zeros(net.truth.shape)
+    truth[0, :5] = [0.5, 0.5, 0.3, 0.3, 1]          # truth class 1 -> node 4 ("tree")
+    net.forward(np.random.default_rng(1).normal(size=net.input.shape), truth, train=True)
+    d = net.layers[0].delta.reshape(2, 12, 9)[:, 5:]
+    a = int(np.flatnonzero(np.any(d[:, :, 4] != 0, axis=1))[0])
+    # node 4's group is itself (p = 1, delta 0); its parent "plant" gets 1 - p, "animal" -p
+    assert d[a, 4, 4] == 0 and d[a, 1, 4] > 0 and d[a, 0, 4] < 0 and np.all(d[a, [2, 3, 5, 6], 4] == 0)
