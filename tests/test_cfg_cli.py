@@ -192,3 +192,32 @@ def test_set_on_a_file_with_a_duplicate_warns_once_and_edits_the_first(tmp_path)
     assert r.stderr.count("duplicate key") == 1
     r = invoke("cfg", "set", p, "net.batch=2")
     assert p.read_text().splitlines()[2:4] == ["batch=2    # per update", "batch=64"]
+
+
+def test_strict_in_darkpy_toml(tmp_path):
+    from darkpy.settings import SettingsError, load_settings
+    p = tmp_path / "darkpy.toml"
+    p.write_text("[run]\nstrict = true\n")
+    assert load_settings(p).strict is True
+    assert load_settings(p).override(strict=None).strict is True       # no flag: the file's value
+    p.write_text("[run]\nstrict = 1\n")
+    with pytest.raises(SettingsError, match="run.strict must be true or false"):
+        load_settings(p)
+
+
+def test_strict_warnings_is_local_to_its_block():
+    import warnings
+
+    from darkpy.cfg import CfgWarning, parse_cfg
+    from darkpy.errors import StrictError, strict_warnings
+    text = "[net]\nbatch=1\nbatch=2\n"
+    before = list(warnings.filters)
+    with pytest.raises(StrictError, match=r"duplicate key.*\(an error under --strict\)"):
+        with strict_warnings():
+            parse_cfg(text, "s.cfg")
+    assert warnings.filters == before
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with strict_warnings(False):
+            parse_cfg(text, "s.cfg")
+    assert [w.category for w in caught] == [CfgWarning]
