@@ -221,3 +221,12 @@ def test_strict_warnings_is_local_to_its_block():
         with strict_warnings(False):
             parse_cfg(text, "s.cfg")
     assert [w.category for w in caught] == [CfgWarning]
+
+
+def test_check_on_a_stock_fork_cfg_with_only_warnings_exits_0():
+    from conftest import shared_path
+    p = shared_path("cfg", "alexeyab", "yolov7.cfg")
+    r = invoke("cfg", "check", p)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-1].startswith(f"{p}: ok (") and "0 errors" in r.stderr
+    assert invoke("cfg", "check", "--strict", p).exit_code == 1
