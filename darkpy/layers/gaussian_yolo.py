@@ -101,10 +101,10 @@ def gaussian_box_delta(delta, out, b, idx, hw, i, j, lw, lh, aw, ah, net_w, net_
     half = 0.5 * scale
     mu = np.zeros(4)
     for k in range(4):
-        m = out[b, idx + 2 * k * hw]
-        s = out[b, idx + (2 * k + 1) * hw]
+        m = 1.0 * out[b, idx + 2 * k * hw]            # float64 (σ³ of a float32 σ can underflow)
+        s = 1.0 * out[b, idx + (2 * k + 1) * hw]
         d = targets[k] - m
-        if s <= 0.0:           # darknet: the division gives inf/nan, which fix_nan_inf makes 0
+        if s * s * s == 0.0:   # darknet: the division gives inf/nan, which fix_nan_inf makes 0
             continue
         mu[k] = half * d / (s * s)
         uc = half * (d * d / (s * s * s) - 1.0 / (s + SIGMA_CONST)) * uc_norm
