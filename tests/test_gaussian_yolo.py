@@ -136,3 +136,13 @@ def test_a_few_iterations_lower_the_loss():
         net.backward()
         net.update()
     assert np.mean(losses[-3:]) < 0.5 * np.mean(losses[:3]), losses
+
+
+def test_a_vanishing_sigma_gives_no_delta_instead_of_a_crash():
+    out = np.full((1, 8), 0.5, np.float32)
+    out[0, 1] = 1e-20                                      # σx: its cube underflows in float32
+    out[0, 3] = 0.0                                        # σy exactly 0
+    delta = np.zeros_like(out)
+    gaussian_box_delta(delta, out, 0, 0, 1, 0, 0, 1, 1, 1.0, 1.0, 1, 1, 0.3, 0.3, 0.5, 0.5, 1.5, -1, 1.0, 1.0,
+                       math.inf)
+    assert np.all(np.isfinite(delta)) and delta[0, 2] == 0 and delta[0, 3] == 0 and delta[0, 4] != 0

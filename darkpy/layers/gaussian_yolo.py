@@ -86,7 +86,8 @@ def _pred_box(out, b, idx, hw, i, j, lw, lh, aw, ah, net_w, net_h):
 
 @jit
 def _clip(v, m):
-    if v != v or v == math.inf or v == -math.inf:     # darknet: fix_nan_inf
+    """Darknet's fix_nan_inf (a value that is nan or overflows float32 becomes 0), then ±max_delta."""
+    if not abs(v) < 3.4028234e38:
         return 0.0
     return min(max(v, -m), m)
 
