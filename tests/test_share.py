@@ -51,7 +51,7 @@ def test_shared_weights_get_the_sum_of_both_gradients():
     assert_close(a.biases.grad, -numerical_grad(L, a.biases.value), 1e-5, 1e-7, "shared biases")
     # the sum: a plain copy (its own weights) gets only its part, the rest is layer 0's
     own = network_from_text(TWO.replace("share_index=0\n", ""), dtype=np.float64)
-    for la, lb in zip(own.layers, net.layers):
+    for la in own.layers:
         la.weights.value[...] = a.weights.value
         la.biases.value[...] = a.biases.value
     own.forward(x, train=True)
