@@ -179,3 +179,25 @@ def test_region_tree_with_a_short_class_map(tree_file, tmp_path):
     a = int(np.flatnonzero(np.any(d[:, :, 4] != 0, axis=1))[0])
     # node 4's group is itself (p = 1, delta 0); its parent "plant" gets 1 - p, "animal" -p
     assert d[a, 4, 4] == 0 and d[a, 1, 4] > 0 and d[a, 0, 4] < 0 and np.all(d[a, [2, 3, 5, 6], 4] == 0)
+
+
+def test_region_tree_class_delta_is_the_negative_gradient_of_the_path_cross_entropy(tree_file):
+    """At the trained slot, the class deltas (passed to the logits unchanged by backward) equal
+    −class_scale · ∂/∂logits Σ_{node on the truth's path} −log p_node (group-wise softmax)."""
+    net = network_from_text(_region_cfg(tree_file).replace("thresh=.6", "thresh=.6\nclass_scale=1.5"),
+                            dtype=np.float64)
+    layer = net.layers[0]
+    x = np.random.default_rng(4).normal(size=net.input.shape)
+    truth = np.zeros(net.truth.shape)
+    truth[0, :5] = [0.5, 0.5, 0.3, 0.3, 5]          # terrier: path 5 -> 2 -> 0
+    net.forward(x, truth, train=True)
+    d = layer.delta.reshape(2, 12, 9)[:, 5:]
+    a = int(np.flatnonzero(np.any(d[:, :, 4] != 0, axis=1))[0])
+    logits = x.reshape(2, 12, 9)[a, 5:, 4].copy()
+
+    def path_ce():
+        p = ref_tree_softmax(logits[None])[0]
+        return float(-np.log(p[[5, 2, 0]]).sum())
+
+    from helpers import numerical_grad
+    assert_close(d[a, :, 4], -1.5 * numerical_grad(path_ce, logits), 1e-6, 1e-9, "hierarchical class delta")
