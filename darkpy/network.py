@@ -422,7 +422,7 @@ class Network:
         return rate
 
     # -- weights -----------------------------------------------------------------------------------
-    def save_weights(self, path, upto: int | None = None, order: str = "pjreddie") -> None:
+    def save_weights(self, path, upto: int | None = None, order: str | None = None) -> None:
         from .weights import save_weights
         save_weights(self, path, upto, order)
 

@@ -8,9 +8,10 @@ Two orders. AlexeyAB's fork stores `[gru]`, `[lstm]` and `[batchnorm]` in its ow
 a layer's `alexeyab_weight_arrays()`); every other layer is the same in both. The rule: a file
 whose header is version 0.2.5 or later (what AlexeyAB's fork writes; pjreddie writes 0.2.0) is read
 in AlexeyAB's order, any other in pjreddie's; `order="pjreddie"` / `"alexeyab"` overrides it
-(e.g. an old AlexeyAB file from before 0.2.5). `save_weights` writes pjreddie's order with header
-0.2.0 by default, or AlexeyAB's with header 0.2.5 (`order="alexeyab"`), so a file reads back the
-same way it was written, in darkpy and in the Darknet it was written for.
+(e.g. an old AlexeyAB file from before 0.2.5). `save_weights` writes the order of the file the
+network was loaded from (pjreddie's for a fresh network), or the one asked for: pjreddie's with
+header 0.2.0, AlexeyAB's with header 0.2.5, so a file reads back the same way it was written, in
+darkpy and in the Darknet it was written for (a resumed AlexeyAB run keeps AlexeyAB checkpoints).
 
 Unlike Darknet (which silently keeps random values for whatever a short file lacks, and ignores
 trailing bytes) a file whose size does not fit the network is an error that says how many bytes were
@@ -113,12 +114,15 @@ def load_weights(net, path: str | os.PathLike, upto: int | None = None, order: s
         if after is not None:
             after()
     net.seen = int(seen)
+    net.weights_order = order       # checkpoints are written back in the same order
 
 
-def save_weights(net, path: str | os.PathLike, upto: int | None = None, order: str = "pjreddie") -> None:
+def save_weights(net, path: str | os.PathLike, upto: int | None = None, order: str | None = None) -> None:
     """Write `path` atomically (temp file + rename): a crash never leaves a half-written file.
-    `order="alexeyab"` writes AlexeyAB's order and its header version 0.2.5."""
+    `order="alexeyab"` writes AlexeyAB's order and its header version 0.2.5; None: the order of the
+    file the network last loaded (`net.weights_order`), else pjreddie's."""
     _check_order(order)
+    order = order or getattr(net, "weights_order", None) or "pjreddie"
     path = os.fspath(path)
     parts = [HEADER.pack(0, 2, 5 if order == "alexeyab" else 0), struct.pack("<Q", int(net.seen))]
     for layer in _layers_in_file(net, upto, "dontsave"):

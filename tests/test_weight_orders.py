@@ -83,3 +83,13 @@ def test_file_order_rule():
     assert file_order(0, 2, 0) == "pjreddie" and file_order(0, 1, 0) == "pjreddie"
     assert file_order(0, 2, 5) == "alexeyab" and file_order(0, 3, 0) == "alexeyab"
     assert file_order(1001, 1001, 5) == "pjreddie"       # the transpose flag's files are pjreddie's
+
+
+def test_a_network_loaded_from_an_alexeyab_file_saves_in_its_order(tmp_path):
+    text, _ = CFGS["gru"]
+    net = _randomized(text, 3)
+    net.save_weights(tmp_path / "a.weights", order="alexeyab")
+    back = network_from_text(text, seed=4)
+    back.load_weights(tmp_path / "a.weights")
+    back.save_weights(tmp_path / "b.weights")        # e.g. a training checkpoint
+    assert (tmp_path / "b.weights").read_bytes() == (tmp_path / "a.weights").read_bytes()
