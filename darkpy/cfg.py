@@ -41,6 +41,7 @@ class _Required:
 
 REQUIRED: Any = _Required()
 _WS = re.compile(r"\s+")
+_JOINED_DIGITS = re.compile(r"\d[ \t]+\d")
 
 
 @dataclass
@@ -379,6 +380,14 @@ def parse_cfg(text: str | bytes, file: str = "<cfg>") -> CfgDocument:
         if kv is None:
             raise CfgError(f"expected key=value (got {body.strip()!r})", file, n, sec.index, sec.kind)
         key, value = kv
+        joined = _JOINED_DIGITS.search(body.split("#", 1)[0].split(";", 1)[0].partition("=")[2])
+        if joined and key:
+            # darknet: strip() removes every space, so "61,45    61,45" reads as 61,4561,45
+            warning = CfgError(f"whitespace between digits ({joined.group(0)!r}) is removed, joining them "
+                               f"into one number, as in darknet; a missing comma?",
+                               file, n, sec.index, sec.kind, key).format()
+            parse_warnings.append(warning)
+            warnings.warn(warning, CfgWarning, stacklevel=2)
         if not key:
             raise CfgError(f"missing key before '=' (got {body.strip()!r})", file, n, sec.index, sec.kind)
         if not value:

@@ -230,3 +230,22 @@ def test_check_on_a_stock_fork_cfg_with_only_warnings_exits_0():
     assert r.exit_code == 0, r.output
     assert r.stdout.splitlines()[-1].startswith(f"{p}: ok (") and "0 errors" in r.stderr
     assert invoke("cfg", "check", "--strict", p).exit_code == 1
+
+
+def test_digits_joined_by_removed_whitespace_are_warned_about(tmp_path):
+    """Darknet (and darkpy) strip every space, so a missing comma silently merges two numbers:
+    the warning says so, and explains cspx-p7-mish_hp.cfg's 31 anchor values."""
+    from conftest import shared_path
+    p = tmp_path / "j.cfg"
+    p.write_text(CFG.replace("filters=8", "filters=1  6   # comment 1 2"))
+    r = invoke("cfg", "check", p)
+    assert r.exit_code == 0 and r.stdout.splitlines()[0] == (
+        f"{p}:9 [section #0 convolutional] filters: whitespace between digits ('1  6') is removed, joining "
+        f"them into one number, as in darknet; a missing comma?")
+    assert load_network(load_cfg(p)).layers[0].out_shape[0] == 16
+    r = invoke("cfg", "check", shared_path("cfg", "alexeyab", "cspx-p7-mish_hp.cfg"))
+    lines = r.stdout.splitlines()
+    assert r.exit_code == 1
+    first = next(i for i, ln in enumerate(lines) if "anchors: whitespace between digits ('5    6')" in ln)
+    error = next(i for i, ln in enumerate(lines) if "anchors: needs 2*num = 32 values" in ln)
+    assert first < error and ":2351 " in lines[first] and ":2351 " in lines[error]
