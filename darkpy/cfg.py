@@ -9,8 +9,10 @@ Darknet's own reader (spec §1) is followed where it is sound: whitespace inside
 `[net]`/`[network]` must come first, negative layer references are relative. Where Darknet silently
 misreads, darkpy is stricter or kinder, on purpose:
 - CRLF line ends, a UTF-8 BOM and inline `#`/`;` comments are accepted (Darknet chokes or misreads);
-- a value that is not a number, a key with no value, a key set twice to different values and a key
-  before any section are errors (the same value twice is a warning) (Darknet uses atoi's 0, the first duplicate, or crashes).
+- a value that is not a number, a key with no value and a key before any section are errors (Darknet
+  uses atoi's 0 or crashes);
+- a key set twice keeps Darknet's rule, the first value wins, with a warning naming both lines and the
+  value used (`cfg check --strict` and `train --strict` make it an error).
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class _Required:
 
 REQUIRED: Any = _Required()
 _WS = re.compile(r"\s+")
+_JOINED_DIGITS = re.compile(r"\d[ \t]+\d")
 
 
 @dataclass
@@ -126,11 +129,15 @@ class Section:
                                  key) from None
         return out
 
-    def get_choice(self, key: str, choices: Iterable[str], default: Any = REQUIRED) -> Any:
+    def get_choice(self, key: str, choices: Iterable[str], default: Any = REQUIRED,
+                   aliases: dict[str, str] | None = None) -> Any:
+        """One of `choices`; a key of `aliases` (another spelling, e.g. silu) reads as its value."""
         value = self.get_str(key, default)
         choices = list(choices)
+        if aliases and value in aliases:
+            return aliases[value]
         if value not in choices and value is not default:
-            hint = difflib.get_close_matches(value, choices, n=1)
+            hint = difflib.get_close_matches(value, choices + list(aliases or ()), n=1)
             tip = f"; did you mean {hint[0]!r}?" if hint else ""
             raise self.error(f"unknown value (got {value!r}, expected one of {', '.join(choices)}){tip}", key)
         return value
@@ -192,6 +199,9 @@ class CfgDocument:
         # A YAML document's option lines are YAML line numbers (for errors); its `lines` are generated
         # cfg text, so edits change the options and regenerate the text instead of editing a line.
         self.from_yaml = from_yaml
+        #: problems the reader found that do not stop it (duplicate keys), as one-line messages;
+        #: each was also issued as a CfgWarning. `cfg_problems` lists them first.
+        self.parse_warnings: list[str] = []
 
     # -- access ---------------------------------------------------------------------------------
     @property
@@ -346,6 +356,7 @@ def parse_cfg(text: str | bytes, file: str = "<cfg>") -> CfgDocument:
         raise CfgError("not a text file (contains NUL bytes)", file)
     lines = text.splitlines(keepends=True)
     sections: list[Section] = []
+    parse_warnings: list[str] = []
     for n, raw in enumerate(lines, start=1):
         body = raw.rstrip("\r\n")
         stripped = _WS.sub("", body)
@@ -369,24 +380,38 @@ def parse_cfg(text: str | bytes, file: str = "<cfg>") -> CfgDocument:
         if kv is None:
             raise CfgError(f"expected key=value (got {body.strip()!r})", file, n, sec.index, sec.kind)
         key, value = kv
+        joined = _JOINED_DIGITS.search(body.split("#", 1)[0].split(";", 1)[0].partition("=")[2])
+        if joined and key:
+            # darknet: strip() removes every space, so "61,45    61,45" reads as 61,4561,45
+            warning = CfgError(f"whitespace between digits ({joined.group(0)!r}) is removed, joining them "
+                               f"into one number, as in darknet; a missing comma?",
+                               file, n, sec.index, sec.kind, key).format()
+            parse_warnings.append(warning)
+            warnings.warn(warning, CfgWarning, stacklevel=2)
         if not key:
             raise CfgError(f"missing key before '=' (got {body.strip()!r})", file, n, sec.index, sec.kind)
         if not value:
             raise CfgError("missing value after '='", file, n, sec.index, sec.kind, key)
         if key in sec.options:
+            # darknet: option_find scans the section's list from the front and list_insert appends,
+            # so the first of two values is the one used (e.g. "# Testing" and "# Training" blocks
+            # both left active). darkpy does the same, and says so once per repeated line.
             first = sec.options[key]
             if first.value != value:
-                raise CfgError(f"duplicate key with a different value (got {value!r}, first set to "
-                               f"{first.value!r} on line {first.line}; darknet would silently use the first)",
-                               file, n, sec.index, sec.kind, key)
-            # the same value twice (e.g. "# Testing" and "# Training" blocks both left active): harmless
-            warnings.warn(CfgError(f"duplicate key, same value as line {first.line}; the first is used",
-                                   file, n, sec.index, sec.kind, key).format(), CfgWarning, stacklevel=2)
+                msg = (f"duplicate key: line {first.line} sets {first.value!r}, line {n} sets {value!r}; "
+                       f"the first is used ({key}={first.value}), as in darknet")
+            else:
+                msg = f"duplicate key, same value as line {first.line}; the first is used"
+            warning = CfgError(msg, file, n, sec.index, sec.kind, key).format()
+            parse_warnings.append(warning)
+            warnings.warn(warning, CfgWarning, stacklevel=2)
             continue
         sec.options[key] = Option(key, value, n)
     if not sections:
         raise CfgError("the file has no sections (expected [net] first)", file)
-    return CfgDocument(lines, sections, file, bom)
+    doc = CfgDocument(lines, sections, file, bom)
+    doc.parse_warnings = parse_warnings
+    return doc
 
 
 def load_cfg(path: str | os.PathLike) -> CfgDocument:

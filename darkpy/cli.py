@@ -100,7 +100,9 @@ def _settings(**flags):
               help="Detectors: measure mAP@0.5 on the valid list during training; keep NAME_best.weights.")
 @click.option("--map-every", type=click.IntRange(min=1), metavar="N",
               help="With --map: every N iterations (default: max(100, iterations/10)); implies --map.")
-def train(cfg, data, weights, clear, upto, seed, max_batches, backup, threads, progress, calc_map, map_every):
+@click.option("--strict", is_flag=True, default=None, help="Every cfg or data warning is an error.")
+def train(cfg, data, weights, clear, upto, seed, max_batches, backup, threads, progress, calc_map, map_every,
+          strict):
     """Train the network of CFG on the `train` list of its .data file.
 
     Checkpoints go to the backup folder with Darknet's names (NAME_last.weights every 100 iterations,
@@ -115,11 +117,14 @@ def train(cfg, data, weights, clear, upto, seed, max_batches, backup, threads, p
         raise click.UsageError("--clear needs --weights (it restarts the iteration count of loaded weights)")
     if upto is not None and weights is None:
         raise click.UsageError("--upto needs --weights (it loads the first N layers of a weights file)")
-    settings = _settings(seed=seed, threads=threads, progress=progress)
+    from .errors import strict_warnings
+
+    settings = _settings(seed=seed, threads=threads, progress=progress, strict=strict)
     reporter = Progress(settings.progress)
-    result = run_training(cfg, data=data, weights=weights, clear=clear, upto=upto, seed=seed,
-                          max_batches=max_batches, backup=backup, settings=settings, progress=reporter,
-                          calc_map=calc_map or map_every is not None, map_every=map_every)
+    with strict_warnings(settings.strict):
+        result = run_training(cfg, data=data, weights=weights, clear=clear, upto=upto, seed=seed,
+                              max_batches=max_batches, backup=backup, settings=settings, progress=reporter,
+                              calc_map=calc_map or map_every is not None, map_every=map_every)
     if result.interrupted:
         from .cli_darknet import resume_command
         click.echo(f"Interrupted at iteration {result.iteration}: saved {result.weights}; resume with "
@@ -212,17 +217,23 @@ def cfg():
 
 @cfg.command("check", context_settings=CONTEXT)
 @click.argument("path", type=click.Path(dir_okay=False))
-def cfg_check(path):
-    """Print every problem in PATH (file:line [section] key: what), exit 1 if there is any."""
-    from .network import check_cfg
+@click.option("--strict", is_flag=True, help="Count every warning as an error (exit 1).")
+def cfg_check(path, strict):
+    """Print every problem in PATH (file:line [section] key: what). Exit 1 if any is an error
+    (with --strict: if there is any problem); warnings alone exit 0."""
+    from .network import check_cfg_problems
 
-    problems = check_cfg(path)
-    for p in problems:
-        click.echo(p)
+    problems = check_cfg_problems(path)
+    for message, _is_error in problems:
+        click.echo(message)
+    errors = sum(1 for _m, is_error in problems if is_error or strict)
     if problems:
-        click.echo(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} in {path}", err=True)
+        n = len(problems)
+        click.echo(f"{n} problem{'s' if n != 1 else ''} in {path} ({errors} error{'s' if errors != 1 else ''}, "
+                   f"{n - errors} warning{'s' if n - errors != 1 else ''})", err=True)
+    if errors:
         sys.exit(1)
-    click.echo(f"{path}: ok")
+    click.echo(f"{path}: ok" + (f" ({len(problems)} warning{'s' if len(problems) != 1 else ''})" if problems else ""))
 
 
 @cfg.command("get", context_settings=KEY_ARGS)
@@ -249,19 +260,23 @@ def cfg_set(path, assignments, unset, dry_run):
     \b
     darkpy cfg set cfg/x.cfg net.batch=64 -1.filters=255
     """
-    from .cfg import diff_text, load_cfg, parse_cfg
+    from .cfg import CfgWarning, diff_text, load_cfg, parse_cfg
     from .network import cfg_problems
 
     if not assignments and not unset:
         raise click.UsageError("nothing to set: give SECTION.KEY=VALUE arguments or --unset SECTION.KEY")
-    doc = load_cfg(path)
+    with warnings.catch_warnings():     # listed once, below, with the edited file's problems
+        warnings.simplefilter("ignore", CfgWarning)
+        doc = load_cfg(path)
     if path.endswith((".yaml", ".yml")):
         with open(path, encoding="utf-8") as f:
             before = f.read()
     else:
         before = doc.text()
     doc.apply_edits(assignments, unset)
-    problems = cfg_problems(parse_cfg(doc.text(), path))
+    with warnings.catch_warnings():     # the reparse's own warnings are listed by cfg_problems
+        warnings.simplefilter("ignore", CfgWarning)
+        problems = cfg_problems(parse_cfg(doc.text(), path))
     errors = [m for m, is_error in problems if is_error]
     if errors:
         for m in errors:

@@ -49,3 +49,40 @@ class StateError(DarkpyError):
 
 class TrainingError(DarkpyError):
     """Training cannot go on (e.g. a NaN or infinite loss)."""
+
+
+class StrictError(DarkpyError):
+    """A warning turned into an error by `--strict` (see `strict_warnings`)."""
+
+
+class strict_warnings:
+    """`with strict_warnings(enabled):` — within the block, darkpy's own warnings (cfg and data
+    problems: CfgWarning, DataWarning) raise `StrictError` instead of being shown. The warnings
+    filter is changed only inside the block and restored on exit; importing darkpy changes none."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self._catch = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        import warnings
+
+        from .cfg import CfgWarning
+        from .datasets import DataWarning
+        self._kinds = (CfgWarning, DataWarning)
+        self._catch = warnings.catch_warnings()
+        self._catch.__enter__()
+        for kind in self._kinds:
+            warnings.simplefilter("error", kind)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self._catch is None:
+            return False
+        self._catch.__exit__(exc_type, exc, tb)
+        self._catch = None
+        if exc is not None and isinstance(exc, self._kinds):
+            raise StrictError(f"{exc} (an error under --strict)") from exc
+        return False

@@ -160,6 +160,7 @@ class BuildContext:
     index: int
     dtype: np.dtype
     file: str = "<cfg>"
+    dialect: str = "darknet"            # "yolor": the YOLOR project's cfgs (layers/yolor.py)
 
     def ref(self, sec: Section, key: str, value: int) -> int:
         """Resolve a layer reference (negative = relative to this layer) to an absolute index."""
@@ -172,13 +173,16 @@ class BuildContext:
 def build_layers(doc: CfgDocument, dtype=np.float32, on_error=None) -> tuple[NetConfig, list[Layer]]:
     """Build every layer. With `on_error`, a section that fails is reported to it and replaced by a
     pass-through placeholder, so later sections are still checked (`cfg check` lists every problem)."""
+    from .layers.yolor import dialect
+
     net = NetConfig.from_section(doc.net)
     layers: list[Layer] = []
     shape = net.input_shape
     size_hinted = False
+    kind = dialect(doc)
     for sec in doc.layers:
         try:
-            layer = _build_layer(sec, shape, net, layers, dtype, doc.file)
+            layer = _build_layer(sec, shape, net, layers, dtype, doc.file, kind)
         except CfgError as e:
             hint = None if size_hinted else _input_size_error(doc, net, layers, e)
             size_hinted = size_hinted or hint is not None
@@ -239,12 +243,13 @@ def _warn_input_size(doc: CfgDocument, net: NetConfig, layers: list[Layer]) -> N
                       f"image evenly", CfgWarning, stacklevel=3)
 
 
-def _build_layer(sec: Section, shape, net: NetConfig, layers: list[Layer], dtype, file: str) -> Layer:
+def _build_layer(sec: Section, shape, net: NetConfig, layers: list[Layer], dtype, file: str,
+                 dialect: str = "darknet") -> Layer:
     """Build one layer section on input `shape` (raises CfgError)."""
     cls = REGISTRY.get(sec.kind)
     if cls is None:
         raise sec.error(_unknown_section_message(sec.kind))
-    ctx = BuildContext(net, layers, sec.index, np.dtype(dtype), file)
+    ctx = BuildContext(net, layers, sec.index, np.dtype(dtype), file, dialect)
     if cls.needs_image and not is_image(shape):
         raise sec.error(f"the layer before [{sec.kind}] must output an image (got a flat vector of "
                         f"{numel(shape)} values)")
@@ -464,13 +469,14 @@ class Network:
         return rate
 
     # -- weights -----------------------------------------------------------------------------------
-    def save_weights(self, path, upto: int | None = None) -> None:
+    def save_weights(self, path, upto: int | None = None, order: str | None = None) -> None:
         from .weights import save_weights
-        save_weights(self, path, upto)
+        save_weights(self, path, upto, order)
 
-    def load_weights(self, path, upto: int | None = None) -> None:
+    def load_weights(self, path, upto: int | None = None, order: str | None = None) -> None:
+        """`order`: the file's layout of gru/lstm/batchnorm (darkpy/weights.py; None: by header)."""
         from .weights import load_weights
-        load_weights(self, path, upto)
+        load_weights(self, path, upto, order)
 
     def summary(self) -> str:
         from .summary import summary_text
@@ -502,11 +508,18 @@ def network_from_text(text: str, batch: int | None = None, dtype=np.float32, see
 
 def check_cfg(path) -> list[str]:
     """Every problem in a cfg, as one-line messages (warnings included), in file order. Empty = clean."""
+    return [message for message, _is_error in check_cfg_problems(path)]
+
+
+def check_cfg_problems(path) -> list[tuple[str, bool]]:
+    """As `check_cfg`, each message with whether it is an error (False: a warning)."""
     try:
-        doc = load_cfg(path)
+        with warnings.catch_warnings():         # the reader's warnings come back in parse_warnings
+            warnings.simplefilter("ignore", CfgWarning)
+            doc = load_cfg(path)
     except CfgError as e:
-        return [str(e)]
-    return [message for message, _is_error in cfg_problems(doc)]
+        return [(str(e), True)]
+    return cfg_problems(doc)
 
 
 def cfg_problems(doc: CfgDocument) -> list[tuple[str, bool]]:
@@ -519,7 +532,7 @@ def cfg_problems(doc: CfgDocument) -> list[tuple[str, bool]]:
         except CfgError as e:
             caught.append(e)
         found = list(caught)
-    out = []
+    out = [(message, False) for message in getattr(doc, "parse_warnings", ())]
     for item in found:
         if isinstance(item, CfgError):
             out.append((str(item), True))

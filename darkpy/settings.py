@@ -12,6 +12,7 @@ backup = "backup"     # checkpoints, the training log and chart.png (a .data `ba
 seed = 0              # weight init, shuffling and augmentation
 threads = 0           # numba + BLAS threads; 0 = all cores
 progress = "auto"     # "auto" (bar on a terminal, lines otherwise), "bar", "lines", "none"
+strict = false        # every cfg/data warning is an error (`train --strict`)
 ```
 """
 from __future__ import annotations
@@ -30,7 +31,8 @@ PROGRESS_STYLES = ("auto", "bar", "lines", "none")
 #: section -> key -> (type, Settings attribute)
 _SCHEMA: dict[str, dict[str, tuple[type, str]]] = {
     "paths": {"backup": (str, "backup")},
-    "run": {"seed": (int, "seed"), "threads": (int, "threads"), "progress": (str, "progress")},
+    "run": {"seed": (int, "seed"), "threads": (int, "threads"), "progress": (str, "progress"),
+            "strict": (bool, "strict")},
 }
 
 
@@ -47,6 +49,7 @@ class Settings:
     seed: int = 0
     threads: int = 0
     progress: str = "auto"
+    strict: bool = False             # cfg/data warnings are errors (see darkpy.errors.strict_warnings)
     file: str | None = None          # the darkpy.toml the values came from, if any
 
     def override(self, **flags) -> "Settings":
@@ -107,9 +110,9 @@ def load_settings(path: str | os.PathLike | None = None) -> Settings:
                 raise SettingsError(f"{file}: unknown key {section}.{key} (known: "
                                     f"{', '.join(f'{section}.{k}' for k in keys)})")
             typ, attr = keys[key]
-            if not isinstance(value, typ) or isinstance(value, bool):
-                raise SettingsError(f"{file}: {section}.{key} must be {'an integer' if typ is int else 'a string'}"
-                                    f" (got {value!r})")
+            if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
+                what = {int: "an integer", bool: "true or false"}.get(typ, "a string")
+                raise SettingsError(f"{file}: {section}.{key} must be {what} (got {value!r})")
             values[attr] = value
     settings = Settings(**values, file=str(file))
     settings.validate()

@@ -18,7 +18,7 @@ The oracle cfg is the shipped text with Darknet's implicit defaults written out 
 importer assumes something else: `activation=logistic` on conv/connected without one, maxpool
 `stride`/`size`, upsample and reorg `stride`, yolo `mask`; yolo/region score thresholds and yolo
 NMS are set to 0 (OpenCV-only keys). Repeated keys in a section are commented out after the first
-(Darknet uses the first; darkpy's parser rejects repeats). OpenCV's batch norm uses eps 1e-6 where
+(Darknet uses the first; so does darkpy, with a warning). OpenCV's batch norm uses eps 1e-6 where
 Darknet and darkpy use 1e-5: OpenCV gets a copy of the file with the variances raised by the
 difference (`write_opencv_weights`).
 
@@ -188,6 +188,29 @@ def _build(text: str, file: str):
         return load_network(parse_cfg(text, file), batch=1)
 
 
+def stand_in_file(kind: str, n: int) -> str:
+    """A generated stand-in for a data file a cfg names that ../shared lacks (YOLO9000's 9k.tree
+    and coco9k.map): `tree`, one root and its n-1 children (one group: the plain softmax OpenCV
+    computes), or `map`, the identity map of n classes. Returns its absolute path."""
+    folder = Path(tempfile.gettempdir()) / "darkpy-oracle-stand-ins"
+    folder.mkdir(exist_ok=True)
+    p = folder / f"{n}.{kind}"
+    if not p.exists():
+        text = ("root -1\n" + "".join(f"n{i} 0\n" for i in range(1, n)) if kind == "tree"
+                else "".join(f"{i}\n" for i in range(n)))
+        p.write_text(text)
+    return str(p)
+
+
+def _stand_ins(doc) -> None:
+    """Point every `tree=` / `map=` at a generated stand-in (OpenCV ignores both keys)."""
+    for sec in doc.layers:
+        n = int(sec.options["classes"].value) if "classes" in sec.options else 9418
+        for key in ("tree", "map"):
+            if key in sec.options:
+                doc.set(f"{sec.index}.{key}", stand_in_file(key, n))
+
+
 def prepare(name: str, max_bflops: float = MAX_BFLOPS) -> Prepared:
     """Oracle cfg text for shared cfg `name`, at the first size darkpy builds within `max_bflops`
     (or, if none is, the first it builds); raises OracleSkip when darkpy cannot build it at all."""
@@ -195,6 +218,7 @@ def prepare(name: str, max_bflops: float = MAX_BFLOPS) -> Prepared:
     from darkpy.errors import CfgError, DarkpyError
     path = SHARED / "cfg" / name
     doc = parse_cfg(darknet_text(path), str(path))
+    _stand_ins(doc)
     for key, value in (("batch", "1"), ("subdivisions", "1")):
         doc.set(f"net.{key}", value)
     _explicit_defaults(doc)
@@ -459,11 +483,17 @@ def opencv_limitations(net) -> dict[int, str]:
         if layer.kind == "connected" and _int(sec, "batch_normalize", 0):
             note(layer, "OpenCV reads [connected] batch-norm arrays before the weights (Darknet writes them after)")
         if layer.kind == "convolutional":
+            if _int(sec, "xnor", 0) or _int(sec, "binary", 0):
+                note(layer, "OpenCV ignores xnor/binary (a plain convolution)")
             if _int(sec, "dilation", 1) != 1:
                 note(layer, f"OpenCV ignores dilation={sec.options['dilation'].value}")
             stride = _int(sec, "stride", 1)
             if _int(sec, "stride_x", stride) != stride or _int(sec, "stride_y", stride) != stride:
                 note(layer, "OpenCV ignores stride_x/stride_y")
+        if layer.kind == "softmax" and sec.has("tree"):
+            note(layer, "OpenCV ignores tree= (one softmax over every class)")
+        if layer.kind == "region" and sec.has("tree"):
+            note(layer, "OpenCV's region layer refuses tree= ('Yolo9000 is not implemented')")
         if layer.kind == "softmax":
             if sec.has("temperature") and float(sec.options["temperature"].value) != 1:
                 note(layer, f"OpenCV ignores softmax temperature={sec.options['temperature'].value}")

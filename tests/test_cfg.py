@@ -65,20 +65,25 @@ NET = "[net]\nwidth=8\nheight=8\nchannels=2\n"          # lines 1-4; the first l
 
 # -- round trip and tolerant reading ---------------------------------------------------------------
 
-# Shipped cfgs that repeat a [net] key ("# Testing" and "# Training" blocks both left active); darkpy
-# rejects duplicate keys, Darknet silently takes the first (see test_shared_cfgs.py).
+# Shipped cfgs that repeat a [net] key ("# Testing" and "# Training" blocks both left active): as in
+# Darknet the first value is used, with a warning naming both lines.
 DUPLICATE_KEY_CFGS = {"pjreddie/yolov3-openimages.cfg": 6, "alexeyab/yolov3-openimages.cfg": 6}
 
 
 @pytest.mark.parametrize("name", cfg_ids())
 def test_shared_cfg_round_trip_is_byte_identical(name):
+    import warnings
+
     path = _shared(name)
     data = path.read_bytes()
     if name in DUPLICATE_KEY_CFGS:
-        with pytest.raises(CfgError, match=rf":{DUPLICATE_KEY_CFGS[name]} \[net\] batch: duplicate key with a different value"):
-            load_cfg(path)
-        return
-    doc = load_cfg(path)
+        with pytest.warns(UserWarning, match=rf":{DUPLICATE_KEY_CFGS[name]} \[net\] batch: duplicate key: line 3 "
+                          r"sets '1', line 6 sets '64'; the first is used \(batch=1\)"):
+            doc = load_cfg(path)
+        assert doc.net.get_int("batch") == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        doc = load_cfg(path)
     assert doc.text().encode("utf-8") == data
     # YAML round trip: the same sections, in order, with the same option values
     back = parse_yaml(sections_to_yaml(doc.sections), "x.yaml")
@@ -143,10 +148,22 @@ def test_error_unsupported_section_names_it():
     assert msg == f"t.cfg:5 [section #0 {kind}]: section [{kind}] is not supported by darkpy yet ({UNSUPPORTED[kind]})"
 
 
-def test_error_duplicate_key():
-    assert parse_error(NET + "[maxpool]\nsize=2\nstride=2\nsize=3\n") == \
-        ("t.cfg:8 [section #0 maxpool] size: duplicate key with a different value (got '3', first set to '2' "
-         "on line 6; darknet would silently use the first)")
+def test_duplicate_key_keeps_the_first_value_like_darknet_and_warns_once():
+    import warnings
+
+    from darkpy.cfg import CfgWarning
+    text = NET + "[maxpool]\nsize=2\nstride=2\nsize=3\n"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        doc = parse_cfg(text, "t.cfg")
+    msg = ("t.cfg:8 [section #0 maxpool] size: duplicate key: line 6 sets '2', line 8 sets '3'; "
+           "the first is used (size=2), as in darknet")
+    assert [str(w.message) for w in caught if w.category is CfgWarning] == [msg]
+    assert doc.parse_warnings == [msg]
+    assert doc.layers[0].get_int("size") == 2 and doc.text() == text
+    # `set` edits the line darknet reads (the first); the second stays, still ignored
+    doc.set("0.size", "4")
+    assert doc.text().splitlines()[5] == "size=4" and doc.text().splitlines()[7] == "size=3"
 
 
 def test_duplicate_key_with_the_same_value_is_a_warning():

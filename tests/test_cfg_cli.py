@@ -166,3 +166,86 @@ def test_cfg_commands_on_shipped_cfgs(monkeypatch):
     assert r.exit_code == 0, r.stdout
     r = invoke("cfg", "get", "cfg/digits.cfg", "net.max_batches", "net.flip", "-1.groups")
     assert r.stdout.split() == ["600", "0", "1"]
+
+
+# -- duplicate keys and --strict (issue 13) ---------------------------------------------------------
+
+def test_check_warnings_alone_exit_0_and_strict_makes_them_errors(tmp_path):
+    p = tmp_path / "dup.cfg"
+    p.write_text(CFG.replace("batch=4    # per update", "batch=4    # per update\nbatch=64"))
+    r = invoke("cfg", "check", p)
+    line = (f"{p}:4 [net] batch: duplicate key: line 3 sets '4', line 4 sets '64'; the first is used "
+            f"(batch=4), as in darknet")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines() == [line, f"{p}: ok (1 warning)"]
+    assert "1 problem in" in r.stderr and "(0 errors, 1 warning)" in r.stderr
+    r = invoke("cfg", "check", "--strict", p)
+    assert r.exit_code == 1 and r.stdout.splitlines() == [line] and "(1 error, 0 warnings)" in r.stderr
+    assert load_network(load_cfg(p)).config.batch == 4
+
+
+def test_set_on_a_file_with_a_duplicate_warns_once_and_edits_the_first(tmp_path):
+    p = tmp_path / "dup.cfg"
+    p.write_text(CFG.replace("batch=4    # per update", "batch=4    # per update\nbatch=64"))
+    r = invoke("cfg", "set", p, "net.width=16")
+    assert r.exit_code == 0, r.output
+    assert r.stderr.count("duplicate key") == 1
+    r = invoke("cfg", "set", p, "net.batch=2")
+    assert p.read_text().splitlines()[2:4] == ["batch=2    # per update", "batch=64"]
+
+
+def test_strict_in_darkpy_toml(tmp_path):
+    from darkpy.settings import SettingsError, load_settings
+    p = tmp_path / "darkpy.toml"
+    p.write_text("[run]\nstrict = true\n")
+    assert load_settings(p).strict is True
+    assert load_settings(p).override(strict=None).strict is True       # no flag: the file's value
+    p.write_text("[run]\nstrict = 1\n")
+    with pytest.raises(SettingsError, match="run.strict must be true or false"):
+        load_settings(p)
+
+
+def test_strict_warnings_is_local_to_its_block():
+    import warnings
+
+    from darkpy.cfg import CfgWarning, parse_cfg
+    from darkpy.errors import StrictError, strict_warnings
+    text = "[net]\nbatch=1\nbatch=2\n"
+    before = list(warnings.filters)
+    with pytest.raises(StrictError, match=r"duplicate key.*\(an error under --strict\)"):
+        with strict_warnings():
+            parse_cfg(text, "s.cfg")
+    assert warnings.filters == before
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with strict_warnings(False):
+            parse_cfg(text, "s.cfg")
+    assert [w.category for w in caught] == [CfgWarning]
+
+
+def test_check_on_a_stock_fork_cfg_with_only_warnings_exits_0():
+    from conftest import shared_path
+    p = shared_path("cfg", "alexeyab", "yolov7.cfg")
+    r = invoke("cfg", "check", p)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-1].startswith(f"{p}: ok (") and "0 errors" in r.stderr
+    assert invoke("cfg", "check", "--strict", p).exit_code == 1
+
+
+def test_digits_joined_by_removed_whitespace_are_warned_about(tmp_path):
+    """Darknet (and darkpy) strip every space, so a missing comma silently merges two numbers:
+    the warning says so, and explains cspx-p7-mish_hp.cfg's 31 anchor values."""
+    from conftest import shared_path
+    p = tmp_path / "j.cfg"
+    p.write_text(CFG.replace("filters=8", "filters=1  6   # comment 1 2"))
+    r = invoke("cfg", "check", p)
+    assert r.exit_code == 0 and r.stdout.splitlines()[0] == (
+        f"{p}:9 [section #0 convolutional] filters: whitespace between digits ('1  6') is removed, joining "
+        f"them into one number, as in darknet; a missing comma?")
+    assert load_network(load_cfg(p)).layers[0].out_shape[0] == 16
+    r = invoke("cfg", "check", shared_path("cfg", "alexeyab", "cspx-p7-mish_hp.cfg"))
+    lines = r.stdout.splitlines()
+    assert r.exit_code == 1
+    first = next(i for i, ln in enumerate(lines) if "anchors: whitespace between digits ('5    6')" in ln)
+    error = next(i for i, ln in enumerate(lines) if "anchors: needs 2*num = 32 values" in ln)
+    assert first < error and ":2351 " in lines[first] and ":2351 " in lines[error]

@@ -262,3 +262,14 @@ def test_darkpy_train_end_to_end_in_a_subprocess(proj):
                        cwd=proj.root, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)[0]["predictions"][0]["label"] in ("alpha", "beta", "gamma")
+
+
+def test_train_strict_turns_a_cfg_warning_into_a_one_line_error(proj):
+    cfg = Path(proj.cfg)
+    text = cfg.read_text()
+    cfg.write_text(text.replace("[net]\n", "[net]\nmomentum=0.9\nmomentum=0.8\n", 1))
+    r = invoke("train", proj.cfg, "--data", proj.data, "--max-batches", 1, "--progress", "none", "--strict")
+    assert_one_line_error(r, "momentum: duplicate key", "the first is used (momentum=0.9)", "--strict")
+    r = invoke("train", proj.cfg, "--data", proj.data, "--max-batches", 1, "--progress", "none")
+    assert r.exit_code == 0, r.output
+    assert "warning: " in r.stderr and "momentum: duplicate key" in r.stderr

@@ -301,7 +301,7 @@ def build(conv, width=8, height=8, channels=4):
 
 
 @pytest.mark.parametrize("conv,key", [
-    ("filters=4\nbinary=1", "binary"), ("filters=4\nxnor=1", "xnor"),
+    ("filters=4\nbin_output=1", "bin_output"),     # (xnor / binary: tests/test_xnor.py)
     ("filters=4\nantialiasing=1", "antialiasing"),
 ])
 def test_unsupported_keys_are_errors(conv, key):

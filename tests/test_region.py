@@ -193,7 +193,7 @@ def test_without_truth_no_cost():
     assert net.layers[0].cost is None and not net.layers[0].delta.any()
 
 
-@pytest.mark.parametrize("extra, match", [("tree=data/9k.tree", "softmax tree"), ("coords=5", "coords=5"),
+@pytest.mark.parametrize("extra, match", [("tree=data/missing.tree", "no such tree file"), ("coords=5", "coords=5"),
                                           ("background=1", "background")])
 def test_unsupported_options_are_refused(extra, match):
     cfg = region_cfg("softmax=1")

@@ -122,9 +122,9 @@ def test_noloss_with_truth_has_zero_cost_and_no_delta():
 
 
 # -- cfg errors ----------------------------------------------------------------------------------------
-def test_tree_is_not_supported():
-    with pytest.raises(CfgError, match="not supported"):
-        network_from_text("[net]\ninputs=4\n\n[softmax]\ntree=data/9k.tree\n")
+def test_tree_needs_its_file():     # the tree itself: tests/test_tree.py
+    with pytest.raises(CfgError, match="no such tree file 'data/missing.tree'"):
+        network_from_text("[net]\ninputs=4\n\n[softmax]\ntree=data/missing.tree\n")
 
 
 def test_groups_must_divide_inputs():

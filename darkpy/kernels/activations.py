@@ -23,13 +23,15 @@ from . import PARALLEL_MIN, jit, pjit
 NAMES = ("logistic", "relu", "relie", "linear", "ramp", "tanh", "plse", "leaky", "elu", "loggy",
          "stair", "hardtan", "lhtan", "selu", "swish", "mish", "hard_mish", "gelu", "relu6", "revleaky")
 CODES = {name: i for i, name in enumerate(NAMES)}
+#: Other spellings of the same functions: the YOLOR project's cfgs write `silu` for Darknet's `swish`.
+ALIASES = {"silu": "swish"}
 LOGISTIC, RELU, RELIE, LINEAR, RAMP, TANH, PLSE, LEAKY, ELU, LOGGY, STAIR, HARDTAN, LHTAN, SELU, \
     SWISH, MISH, HARD_MISH, GELU, RELU6, REVLEAKY = range(len(NAMES))
 _NEEDS_INPUT = (SWISH, MISH, HARD_MISH, GELU)
 
 
 def code(name: str) -> int:
-    return CODES[name]
+    return CODES[ALIASES.get(name, name)]
 
 
 def needs_input(act: int) -> bool:

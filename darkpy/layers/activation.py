@@ -25,7 +25,7 @@ class ActivationLayer(Layer):
 
     @classmethod
     def from_cfg(cls, sec, in_shape, ctx) -> "ActivationLayer":
-        name = sec.get_choice("activation", act.NAMES, "linear")
+        name = sec.get_choice("activation", act.NAMES, "linear", aliases=act.ALIASES)
         return cls(sec.index, in_shape, name, ctx.dtype)
 
     def allocate(self, batch: int) -> None:

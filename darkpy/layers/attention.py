@@ -83,7 +83,7 @@ class _Gate(ActivationBuffers, Layer):
     @staticmethod
     def read(sec, ctx) -> tuple[int, str]:
         ref = ctx.ref(sec, "from", sec.get_int("from"))
-        return ref, sec.get_choice("activation", act.NAMES, "linear")
+        return ref, sec.get_choice("activation", act.NAMES, "linear", aliases=act.ALIASES)
 
     def compute_out_shape(self, in_shape: Shape) -> Shape:
         return tuple(self.source.out_shape)

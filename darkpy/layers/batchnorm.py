@@ -7,8 +7,9 @@ Differences from pjreddie's layer, on purpose (README "Differences from Darknet"
 - it works on the CPU (Darknet's CPU path crashes: its `x`/`x_norm` buffers only exist in GPU builds);
 - γ and β train (Darknet has no update function for it), as in AlexeyAB's fork;
 - backward ADDS into the previous delta (Darknet overwrites it). # darknet: overwrite not copied.
-File layout: pjreddie's — scales, rolling_mean, rolling_variance. β (`biases`) is NOT in the file, so
-a trained β is lost on save; AlexeyAB's files put the biases first and cannot be read here.
+File layout: pjreddie's — scales, rolling_mean, rolling_variance (β, `biases`, is NOT in the file, so
+a trained β is lost in such a file); AlexeyAB's puts the biases first (`alexeyab_weight_arrays`;
+darkpy/weights.py says when each is used).
 """
 from __future__ import annotations
 
@@ -94,6 +95,10 @@ class BatchNormLayer(Layer):
 
     def weight_arrays(self) -> list[np.ndarray]:
         return [self.bn.scales.value, self.bn.rolling_mean, self.bn.rolling_variance]
+
+    def alexeyab_weight_arrays(self) -> list[np.ndarray]:
+        """AlexeyAB's file order: the biases (β) first, then pjreddie's three."""
+        return [self.biases.value, *self.weight_arrays()]
 
     def summary(self) -> str:
         if is_image(self.in_shape):

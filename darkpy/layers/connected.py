@@ -54,7 +54,7 @@ class ConnectedLayer(Layer):
         if outputs < 1:
             raise sec.error(f"must be >= 1 (got {outputs})", "output")
         bn = sec.get_bool("batch_normalize", False)
-        activation = sec.get_choice("activation", act.NAMES, "logistic")
+        activation = sec.get_choice("activation", act.NAMES, "logistic", aliases=act.ALIASES)
         return cls(sec.index, in_shape, outputs, bn, activation, ctx.dtype)
 
     def init_weights(self, rng: np.random.Generator) -> None:

@@ -16,8 +16,9 @@ gradient `col2im(W_gᵀ @ delta_g)` is ADDED into the previous delta.
 
 Keys: filters, size, stride (AlexeyAB stride_x / stride_y), pad / padding (pad=1 means size/2 per side
 and overrides padding), groups, dilation (AlexeyAB: padding is multiplied by the dilation),
-batch_normalize, activation (default logistic), flipped. binary / xnor and AlexeyAB's deformable,
-anti-aliased or weight-sharing variants are rejected with a clear error.
+batch_normalize, activation (default logistic), flipped. binary / xnor (layers/xnor.py) and
+share_index (layers/share.py) are subclasses chosen through VARIANTS; AlexeyAB's deformable and
+anti-aliased variants are rejected with a clear error.
 """
 from __future__ import annotations
 
@@ -58,6 +59,11 @@ UNSUPPORTED_KEYS = {
     "rotate": "deformable (rotate) convolution", "stretch": "deformable (stretch) convolution",
     "stretch_sway": "deformable (stretch_sway) convolution", "coordconv": "CoordConv",
 }
+
+
+#: key -> subclass of ConvolutionalLayer that a `[convolutional]` section with that key builds
+#: (filled in by the variant's module: layers/xnor.py, layers/share.py).
+VARIANTS: dict[str, type] = {}
 
 
 def conv_out_size(size_in: int, k: int, stride: int, pad: int, dilation: int) -> int:
@@ -123,10 +129,17 @@ class ConvolutionalLayer(Layer):
         self._trained = False                      # last forward was in training mode
 
     # -- construction ---------------------------------------------------------------------------
+    #: Keys a subclass implements (not refused by `from_cfg`).
+    handled_keys: tuple[str, ...] = ()
+
     @classmethod
     def from_cfg(cls, sec, in_shape, ctx) -> "ConvolutionalLayer":
+        if cls is ConvolutionalLayer:
+            for key, variant in VARIANTS.items():     # xnor=1, share_index=...: their own modules
+                if sec.has(key) and variant.wants(sec, key):
+                    return variant.from_cfg(sec, in_shape, ctx)
         for key, what in UNSUPPORTED_KEYS.items():
-            if sec.has(key) and sec.get_int(key, 0):
+            if key not in cls.handled_keys and sec.has(key) and sec.get_int(key, 0):
                 raise sec.error(f"{what} is not supported by darkpy", key)
         filters = sec.get_int("filters", 1)
         size = sec.get_int("size", 1)
@@ -138,7 +151,7 @@ class ConvolutionalLayer(Layer):
         groups = sec.get_int("groups", 1)
         dilation = sec.get_int("dilation", 1)
         bn = sec.get_bool("batch_normalize", False)
-        activation = sec.get_choice("activation", act.NAMES, "logistic")
+        activation = sec.get_choice("activation", act.NAMES, "logistic", aliases=act.ALIASES)
         flipped = sec.get_bool("flipped", False)
         if sec.has("dot"):
             sec.get_float("dot")          # darknet reads it and never uses it

@@ -62,7 +62,7 @@ class DeconvolutionalLayer(Layer):
         filters = sec.get_int("filters", 1)
         size = sec.get_int("size", 1)
         stride = sec.get_int("stride", 1)
-        activation = sec.get_choice("activation", act.NAMES, "logistic")
+        activation = sec.get_choice("activation", act.NAMES, "logistic", aliases=act.ALIASES)
         bn = sec.get_bool("batch_normalize", False)
         pad = sec.get_int("pad", 0)
         padding = sec.get_int("padding", 0)

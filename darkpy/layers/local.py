@@ -140,7 +140,7 @@ class LocalLayer(Layer):
         size = sec.get_int("size", 1)
         stride = sec.get_int("stride", 1)
         pad = sec.get_int("pad", 0)
-        activation = sec.get_choice("activation", act.NAMES, "logistic")
+        activation = sec.get_choice("activation", act.NAMES, "logistic", aliases=act.ALIASES)
         for key, value in (("filters", filters), ("size", size), ("stride", stride)):
             if value < 1:
                 raise sec.error(f"must be >= 1 (got {value})", key)

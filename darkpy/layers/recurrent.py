@@ -14,7 +14,8 @@ pass. The input-side layers (rnn/crnn `input`, gru/lstm `u*`) do not depend on t
 that does not change the statistics (no BN, or inference) they run over all rows in one GEMM.
 The inner layers' Params are the outer layer's `params` (named `<inner>.<param>`), so
 `Network.update()` trains them; `weight_arrays()` concatenates the inner layers' arrays in
-pjreddie's file order (spec §7).
+pjreddie's file order (spec §7), `alexeyab_weight_arrays()` in AlexeyAB's (gru: uz ur uh wz wr wh;
+lstm: wf wi wg wo uf ui ug uo); darkpy/weights.py says which a file uses.
 
 Hidden state. Within one forward the state flows from step to step, starting from zero: every
 forward is a pure function of its input and parameters (what pjreddie's CPU path does for training,
@@ -317,6 +318,16 @@ class _Recurrent(Layer):
     def weight_arrays(self) -> list[np.ndarray]:
         return [a for i in self.inner for a in i.layer.weight_arrays()]
 
+    #: AlexeyAB's .weights order of the inner layers, by name (None: the same as pjreddie's).
+    ALEXEYAB_ORDER: tuple[str, ...] | None = None
+
+    def alexeyab_weight_arrays(self) -> list[np.ndarray]:
+        """The arrays in AlexeyAB's file order (darkpy/weights.py chooses which order to use)."""
+        if self.ALEXEYAB_ORDER is None:
+            return self.weight_arrays()
+        by_name = {i.name: i for i in self.inner}
+        return [a for name in self.ALEXEYAB_ORDER for a in by_name[name].layer.weight_arrays()]
+
     def flops(self) -> float:
         return sum(i.layer.flops() for i in self.inner)
 
@@ -419,7 +430,7 @@ class RNNLayer(_SimpleRecurrent):
         outputs = _positive(sec, "output")
         # pjreddie does not read `hidden` (its hidden size is `output`); AlexeyAB does
         hidden = _positive(sec, "hidden", outputs)
-        activation = sec.get_choice("activation", act.NAMES, "logistic")
+        activation = sec.get_choice("activation", act.NAMES, "logistic", aliases=act.ALIASES)
         bn = sec.get_bool("batch_normalize", False)
         shortcut = sec.get_bool("shortcut", False)
         logistic = sec.get_int("logistic", 0)       # AlexeyAB: the self layer's activation
@@ -472,7 +483,7 @@ class CRNNLayer(_SimpleRecurrent):
         if p_keys and a_keys:
             raise sec.error(f"mixes pjreddie's {'/'.join(p_keys)} with AlexeyAB's {'/'.join(a_keys)}; "
                             f"use output_filters/hidden_filters or output/hidden", a_keys[0])
-        activation = sec.get_choice("activation", act.NAMES, "logistic")
+        activation = sec.get_choice("activation", act.NAMES, "logistic", aliases=act.ALIASES)
         bn = sec.get_bool("batch_normalize", False)
         shortcut = sec.get_bool("shortcut", False)
         steps = ctx.net.time_steps
@@ -522,6 +533,7 @@ class CRNNLayer(_SimpleRecurrent):
 @register
 class GRULayer(_Recurrent):
     kind = "gru"
+    ALEXEYAB_ORDER = ("uz", "ur", "uh", "wz", "wr", "wh")     # its input_* layers first
 
     def __init__(self, index: int, in_shape, outputs: int, steps: int, batch_normalize: bool = False,
                  tanh: bool = False, dtype=np.float32):
@@ -618,6 +630,7 @@ class GRULayer(_Recurrent):
 @register
 class LSTMLayer(_Recurrent):
     kind = "lstm"
+    ALEXEYAB_ORDER = ("wf", "wi", "wg", "wo", "uf", "ui", "ug", "uo")
 
     def __init__(self, index: int, in_shape, outputs: int, steps: int, batch_normalize: bool = False,
                  dtype=np.float32):
@@ -674,10 +687,10 @@ class LSTMLayer(_Recurrent):
             h, c = self._prev(t)
             for w in (self.wi, self.wf, self.wo, self.wg):
                 self._forward(w, h, rows.start, rows.stop, t, s.train)
+            g = [_rows2d(inner.output[rows]) for inner in (self.wf, self.uf, self.wi, self.ui, self.wg,
+                                                          self.ug, self.wo, self.uo)]
             lstm_step(self.f[rows], self.i[rows], self.g[rows], self.o[rows], self.c[rows],
-                      self.output[rows], self.wf.output[rows], self.uf.output[rows],
-                      self.wi.output[rows], self.ui.output[rows], self.wg.output[rows],
-                      self.ug.output[rows], self.wo.output[rows], self.uo.output[rows], c)
+                      _rows2d(self.output[rows]), *g, c)
         if self.carry_state:
             last = self._rows(self.steps - 1)
             self.h0[...] = self.output[last]
@@ -690,9 +703,10 @@ class LSTMLayer(_Recurrent):
         for t in range(self.steps - 1, -1, -1):
             rows = self._rows(t)
             h, c = self._prev(t)
-            lstm_backward_step(self.uf.delta[rows], self.ui.delta[rows], self.ug.delta[rows],
-                               self.uo.delta[rows], self.dc, self.delta[rows], self.f[rows],
-                               self.i[rows], self.g[rows], self.o[rows], self.c[rows], c)
+            lstm_backward_step(_rows2d(self.uf.delta[rows]), _rows2d(self.ui.delta[rows]),
+                               _rows2d(self.ug.delta[rows]), _rows2d(self.uo.delta[rows]), self.dc,
+                               _rows2d(self.delta[rows]), self.f[rows], self.i[rows], self.g[rows],
+                               self.o[rows], self.c[rows], c)
             dprev = self.delta[self._rows(t - 1)] if t > 0 else None
             for w, u in ((self.wi, self.ui), (self.wf, self.uf), (self.wo, self.uo), (self.wg, self.ug)):
                 w.delta[rows] = u.delta[rows]
@@ -702,6 +716,11 @@ class LSTMLayer(_Recurrent):
 
     def summary(self) -> str:
         return f"LSTM Layer: {self.inputs} inputs, {self.outputs} outputs"
+
+
+def _rows2d(a: np.ndarray) -> np.ndarray:
+    """(rows, ...) as (rows, values): conv inner layers (conv_lstm) have image-shaped rows."""
+    return a.reshape(a.shape[0], -1)
 
 
 def _positive(sec, key: str, default: int = 1) -> int:

@@ -20,8 +20,8 @@ softmax cross-entropy gradient). So the deltas are the negative gradient of ½·
 obj, w, h plus `class_scale`·cross-entropy on the classes. `cost = Σ δ²`.
 
 Not copied from Darknet: its CPU backward is empty (`# darknet:` nothing reaches the layers below on
-the CPU); the YOLO9000 softmax tree, `background=1` and `coords > 4` (instance masks) are refused at
-load time instead of half-supported.
+the CPU); `background=1` and `coords > 4` (instance masks) are refused at load time instead of
+half-supported. `tree=` (YOLO9000's softmax tree) builds layers/tree.py's TreeRegionLayer.
 """
 from __future__ import annotations
 
@@ -220,9 +220,11 @@ class RegionLayer(Layer):
         if classes < 1 or num < 1:
             raise sec.error(f"classes and num must be >= 1 (got classes={classes}, num={num})",
                             "classes" if classes < 1 else "num")
-        for key, what in (("tree", "the YOLO9000 softmax tree"), ("background", "background=1")):
-            if sec.get_str(key, None) not in (None, "0"):
-                raise sec.error(f"{what} is not supported by darkpy", key)
+        if cls is RegionLayer and sec.get_str("tree", None) not in (None, "0"):
+            from .tree import TreeRegionLayer      # YOLO9000's softmax tree (layers/tree.py)
+            return TreeRegionLayer.from_cfg(sec, in_shape, ctx)
+        if sec.get_str("background", None) not in (None, "0"):
+            raise sec.error("background=1 is not supported by darkpy", "background")
         anchors = sec.get_float_list("anchors", [0.5] * (2 * num))
         if len(anchors) < 2 * num:
             raise sec.error(f"needs 2*num = {2 * num} values (w,h per anchor), got {len(anchors)}", "anchors")

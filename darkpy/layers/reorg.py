@@ -117,6 +117,9 @@ class ReorgLayer(_ReorgBase):
 
     @classmethod
     def from_cfg(cls, sec, in_shape, ctx) -> "ReorgLayer":
+        if not sec.has("stride") and getattr(ctx, "dialect", "darknet") == "yolor":
+            from .yolor import FocusLayer      # YOLOR's [reorg] (layers/yolor.py)
+            return FocusLayer.from_cfg(sec, in_shape, ctx)
         stride = sec.get_int("stride", 1)
         reverse = sec.get_bool("reverse", False)
         flatten = sec.get_bool("flatten", False)

@@ -196,7 +196,7 @@ class ShortcutLayer(ActivationBuffers, Layer):
     @classmethod
     def from_cfg(cls, sec, in_shape, ctx) -> "ShortcutLayer":
         refs = [ctx.ref(sec, "from", v) for v in sec.get_int_list("from")]
-        activation = sec.get_choice("activation", act.NAMES, "linear")
+        activation = sec.get_choice("activation", act.NAMES, "linear", aliases=act.ALIASES)
         alpha = sec.get_float("alpha", 1.0)
         beta = sec.get_float("beta", 1.0)
         weights_type = sec.get_choice("weights_type", ("none", "per_feature", "per_layer", "per_channel"),

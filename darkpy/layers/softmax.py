@@ -111,9 +111,9 @@ class SoftmaxLayer(Layer):
         groups = sec.get_int("groups", 1)
         temperature = sec.get_float("temperature", 1.0)
         noloss = sec.get_bool("noloss", False)
-        if sec.has("tree"):
-            raise sec.error(f"hierarchical softmax (tree={sec.raw('tree')}, YOLO9000) is not supported by "
-                            f"darkpy", "tree")
+        if cls is SoftmaxLayer and sec.has("tree"):
+            from .tree import TreeSoftmaxLayer     # YOLO9000's softmax tree (layers/tree.py)
+            return TreeSoftmaxLayer.from_cfg(sec, in_shape, ctx)
         if sec.get_int("spatial", 0):
             raise sec.error("spatial=1 (a GPU-only per-pixel softmax in Darknet) is not supported by darkpy",
                             "spatial")

@@ -287,9 +287,11 @@ def read_class_map(sec, classes: int) -> np.ndarray | None:
     except ValueError:
         raise sec.error(f"{path!r} must hold one integer per line", "map") from None
     cmap = np.asarray(values, np.int64)
-    if cmap.size < classes or cmap.min() < 0 or cmap.max() >= classes:
-        raise sec.error(f"{path!r}: needs >= {classes} ids in 0..{classes - 1}", "map")
-    return cmap
+    if cmap.size < 1 or cmap.min() < 0 or cmap.max() >= classes:
+        raise sec.error(f"{path!r}: needs >= 1 ids, each in 0..{classes - 1}", "map")
+    # a shorter map (YOLO9000's coco9k.map: 80 ids for 9418 classes) maps the rest to themselves
+    # (darknet: reads past its end)
+    return np.concatenate([cmap, np.arange(cmap.size, classes, dtype=np.int64)]) if cmap.size < classes else cmap
 
 
 def letterbox_correct(boxes: np.ndarray, img_w: int, img_h: int, net_w: int, net_h: int,
