@@ -92,24 +92,35 @@ def _settings(**flags):
               help="Detectors: measure mAP@0.5 on the valid list during training; keep NAME_best.weights.")
 @click.option("--map-every", type=click.IntRange(min=1), metavar="N",
               help="With --map: every N iterations (default: max(100, iterations/10)); implies --map.")
-def train(cfg, data, weights, clear, seed, max_batches, backup, threads, progress, calc_map, map_every):
+@click.option("--procs", type=click.IntRange(min=1), metavar="N",
+              help="Train on N processes of this host (runs this environment's mpiexec; see README).")
+@click.pass_context
+def train(ctx, cfg, data, weights, clear, seed, max_batches, backup, threads, progress, calc_map, map_every,
+          procs):
     """Train the network of CFG on the `train` list of its .data file.
 
     Checkpoints go to the backup folder with Darknet's names (NAME_last.weights every 100 iterations,
     NAME_N.weights every 1000, NAME_final.weights at the end), with a .state file beside each for an
     exact resume. Ctrl-C saves NAME_last.weights and exits 0. Detectors with random=1 on the last
     layer train at sizes changing every 10 iterations; --map measures mAP during training and at the end.
+    `mpiexec -n N darkpy train ...` (or --procs N) trains one model on N processes.
     """
+    from .cli_mpi import launch_ranks, rank_context
     from .progress import Progress
     from .train import train as run_training
 
     if clear and weights is None:
         raise click.UsageError("--clear needs --weights (it restarts the iteration count of loaded weights)")
-    settings = _settings(seed=seed, threads=threads, progress=progress)
-    reporter = Progress(settings.progress)
-    result = run_training(cfg, data=data, weights=weights, clear=clear, seed=seed, max_batches=max_batches,
-                          backup=backup, settings=settings, progress=reporter,
-                          calc_map=calc_map or map_every is not None, map_every=map_every)
+    if procs is not None and procs > 1:
+        ctx.exit(launch_ranks(ctx, procs))
+    with rank_context(ctx) as comm:        # under MPI: rank 0 prints; an error on any rank ends the job
+        settings = _settings(seed=seed, threads=threads, progress=progress)
+        reporter = Progress(settings.progress)
+        result = run_training(cfg, data=data, weights=weights, clear=clear, seed=seed, max_batches=max_batches,
+                              backup=backup, settings=settings, progress=reporter,
+                              calc_map=calc_map or map_every is not None, map_every=map_every, comm=comm)
+    if comm.rank != 0:
+        return
     if result.interrupted:
         click.echo(f"Interrupted at iteration {result.iteration}: saved {result.weights}; resume with "
                    f"`darkpy train {cfg} --weights {result.weights}`")
@@ -289,7 +300,8 @@ def cfg_convert(src, dst, force):
 
 
 def _register_extensions() -> None:
-    """Commands that live in their own modules: `detect` and `map` (darkpy/cli_detect.py)."""
+    """Commands that live in their own modules: `detect` and `map` (darkpy/cli_detect.py). (`train
+    --procs` and the ranks' side of MPI runs: darkpy/cli_mpi.py.)"""
     from .cli_detect import register
     register(main)
 
