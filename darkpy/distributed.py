@@ -116,13 +116,71 @@ class MpiCommunicator:
         return self.comm.allgather(obj)
 
     def abort(self, status: int = 1) -> None:
-        """End every rank of the job now (MPI_Abort)."""
+        """End every rank of the job now. MPICH's MPI_Abort asks the launcher to kill the job and
+        returns; this process then exits at once. The job's shared-memory segments, which an abort
+        leaves in /dev/shm, are unlinked first (the ranks still mapping them keep their memory)."""
         sys.stdout.flush()
         sys.stderr.flush()
+        for path in mapped_shm_segments():
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
         self.comm.Abort(status)
+        os._exit(status)
 
     def __repr__(self) -> str:
         return f"<MpiCommunicator rank {self.rank} of {self.size}>"
+
+
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "mpich_shm_"       # MPICH's intranode segments
+
+
+def mapped_shm_segments(pid: int | str = "self") -> list[str]:
+    """MPICH's shared-memory segments this process has mapped (Linux; empty elsewhere)."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return []
+    found = []
+    for line in maps.splitlines():
+        fields = line.split(None, 5)
+        path = fields[5].strip().removesuffix(" (deleted)") if len(fields) == 6 else ""
+        if path.startswith(f"{SHM_DIR}/{SHM_PREFIX}") and path not in found:
+            found.append(path)
+    return found
+
+
+def shm_segments() -> set[str]:
+    """MPICH's segments in /dev/shm now."""
+    try:
+        return {str(p) for p in SHM_DIR.glob(f"{SHM_PREFIX}*")}
+    except OSError:
+        return set()
+
+
+def remove_orphaned_shm(before: set[str], tries: int = 3) -> list[str]:
+    """Remove MPICH segments that appeared since `before` and that no process maps any more: what a
+    job whose rank was killed leaves behind (its last processes may still be exiting: up to `tries`
+    looks, 0.2 s apart). Returns the removed paths."""
+    removed: list[str] = []
+    for attempt in range(tries):
+        new = shm_segments() - before
+        for proc in Path("/proc").glob("[0-9]*"):
+            if not new:
+                break
+            new -= set(mapped_shm_segments(proc.name))
+        for path in sorted(new):
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+        if not shm_segments() - before or attempt == tries - 1:
+            break
+        time.sleep(0.2)
+    return removed
 
 
 def launcher_size(environ: os._Environ | dict | None = None) -> int | None:
@@ -251,6 +309,7 @@ def launch(argv: Sequence[str], procs: int, env: dict | None = None) -> int:
     `_last` (exit status 0), a second makes mpiexec abort the job."""
     import_mpi_in_child()
     cmd = launch_command(argv, procs)
+    segments = shm_segments()
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
 
     def forward(signum, frame):
@@ -268,12 +327,16 @@ def launch(argv: Sequence[str], procs: int, env: dict | None = None) -> int:
     try:
         while True:
             try:
-                return proc.wait()
+                status = proc.wait()
+                break
             except KeyboardInterrupt:       # pragma: no cover  (the handler above catches SIGINT)
                 forward(signal.SIGINT, None)
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+    if status != 0:
+        remove_orphaned_shm(segments)       # a killed rank's job leaves its segments behind
+    return status
 
 
 def import_mpi_in_child() -> None:
