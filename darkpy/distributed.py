@@ -51,6 +51,8 @@ class SingleProcess:
     rank = 0
     size = 1
     local_size = 1
+    wait_seconds = 0.0
+    transfer_seconds = 0.0
 
     def allreduce(self, flat: np.ndarray) -> np.ndarray:
         return flat
@@ -72,39 +74,47 @@ class SingleProcess:
 
 
 class MpiCommunicator:
-    """COMM_WORLD of an MPI job (see the module docstring for how collectives wait)."""
+    """COMM_WORLD of an MPI job (see the module docstring for how collectives wait).
+    `wait_seconds`: time spent waiting for the other ranks to arrive; `transfer_seconds`: time in
+    the collectives themselves once all had (both summed over the run, for benchmarks)."""
 
     def __init__(self, comm, mpi):
         self.comm, self._mpi = comm, mpi
+        self.wait_seconds = self.transfer_seconds = 0.0
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         local = comm.Split_type(mpi.COMM_TYPE_SHARED)
         self.local_size = local.Get_size()      # ranks on this host (threads are shared between them)
         local.Free()
 
-    def _arrive(self) -> None:
-        """Return once every rank has reached this point, mostly asleep while waiting."""
+    def _arrive(self) -> float:
+        """Return once every rank has reached this point, mostly asleep while waiting (returns the
+        time it returned)."""
+        t0 = time.perf_counter()
         req = self.comm.Ibarrier()
-        spin_until = time.perf_counter() + 2e-3     # ranks in step: answer within microseconds
-        while time.perf_counter() < spin_until:
-            if req.Test():
-                return
+        spin_until = t0 + 2e-3      # ranks in step: answer within microseconds
         pause = 5e-5
         while not req.Test():
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
+            if time.perf_counter() > spin_until:
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
+        t1 = time.perf_counter()
+        self.wait_seconds += t1 - t0
+        return t1
 
     def allreduce(self, flat: np.ndarray) -> np.ndarray:
         """Sum `flat` (one contiguous array) over the ranks, in place; every rank gets the sum."""
-        self._arrive()
+        t = self._arrive()
         self.comm.Allreduce(self._mpi.IN_PLACE, flat, op=self._mpi.SUM)
+        self.transfer_seconds += time.perf_counter() - t
         return flat
 
     def allgather(self, row: np.ndarray) -> np.ndarray:
         """Every rank's `row` (same size and dtype on every rank), as rows of a (size, n) array."""
         row = np.ascontiguousarray(row)
         out = np.empty((self.size, row.size), row.dtype)
-        self._arrive()
+        t = self._arrive()
         self.comm.Allgather(row, out)
+        self.transfer_seconds += time.perf_counter() - t
         return out
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
