@@ -105,7 +105,7 @@ def train(ctx, cfg, data, weights, clear, seed, max_batches, backup, threads, pr
     layer train at sizes changing every 10 iterations; --map measures mAP during training and at the end.
     `mpiexec -n N darkpy train ...` (or --procs N) trains one model on N processes.
     """
-    from .cli_mpi import launch_ranks, rank_context
+    from .cli_mpi import end_of_job, launch_ranks, rank_context
     from .progress import Progress
     from .train import train as run_training
 
@@ -119,6 +119,7 @@ def train(ctx, cfg, data, weights, clear, seed, max_batches, backup, threads, pr
         result = run_training(cfg, data=data, weights=weights, clear=clear, seed=seed, max_batches=max_batches,
                               backup=backup, settings=settings, progress=reporter,
                               calc_map=calc_map or map_every is not None, map_every=map_every, comm=comm)
+    ctx.call_on_close(lambda: end_of_job(comm))
     if comm.rank != 0:
         return
     if result.interrupted:

@@ -55,3 +55,12 @@ def rank_context(ctx: click.Context) -> Iterator[object]:
             warnings.simplefilter("ignore")
         with abort_job_on_error(comm, debug):
             yield comm
+
+
+def end_of_job(comm) -> None:
+    """Ranks other than 0 wait, asleep, for rank 0 to finish its own work (the final validation,
+    printing): MPI's finalize at exit would otherwise poll a core while rank 0 still computes."""
+    from .distributed import abort_job_on_error
+
+    with abort_job_on_error(comm):
+        comm.barrier()

@@ -66,6 +66,9 @@ class SingleProcess:
     def allgather_objects(self, obj: Any) -> list:
         return [obj]
 
+    def barrier(self) -> None:
+        pass
+
     def abort(self, status: int = 1) -> None:
         raise SystemExit(status)
 
@@ -124,6 +127,10 @@ class MpiCommunicator:
     def allgather_objects(self, obj: Any) -> list:
         self._arrive()
         return self.comm.allgather(obj)
+
+    def barrier(self) -> None:
+        """Wait (mostly asleep) until every rank is here."""
+        self._arrive()
 
     def abort(self, status: int = 1) -> None:
         """End every rank of the job now. MPICH's MPI_Abort asks the launcher to kill the job and
