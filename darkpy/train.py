@@ -48,11 +48,11 @@ from .checkpoint import (SAVE_LAST, SAVE_WEIGHTS, STATE_VERSION, checkpoint_name
 from .datafile import (cfg_base, check_classes, check_labels, class_names, classifier_labels,  # noqa: F401
                        data_candidates, find_data_file, is_detector, load_data_config, make_dataset,
                        positive_int, read_image_list, resolve_data_file)
+from .distributed import threads_per_rank, world
 from .errors import DarkpyError, DataError, TrainingError, WeightsError  # noqa: F401
 from .evaluate import Prediction, ValidResult, evaluate_classifier, predict, validate  # noqa: F401
 from .progress import CsvLog, Progress, Record
 from .runtime import COMPILING_NOTICE, configure_threads, kernels_need_compiling  # noqa: F401
-from .distributed import threads_per_rank, world
 from .settings import Settings, load_settings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -162,7 +162,9 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
 
     `comm`: the communicator (darkpy/distributed.py; default `world()`, which is a single process
     unless mpiexec started several ranks). With several ranks every rank calls `train` with the same
-    arguments; rank 0's result holds the checkpoints, log and accuracy.
+    arguments; rank 0's result holds the checkpoints, log and accuracy. An exception on one rank
+    would leave the others waiting in a collective: wrap the call in
+    `distributed.abort_job_on_error(comm)`, as the CLI does, to end the job instead.
     """
     t_start = time.perf_counter()
     comm = comm if comm is not None else world()
@@ -342,16 +344,14 @@ def announce(setup: TrainSetup, progress: Progress, comm) -> None:
                          f"iterations and at the end; the best weights go to {s.base}_best.weights")
     if kernels_need_compiling(net):
         progress.message(COMPILING_NOTICE)
-    split = (f"{comm.size} ranks x {s.passes} x {net.batch}, {get_num_threads()} threads each"
-             if comm.size > 1 else f"{net.config.subdivisions} x {net.batch}")
+    if comm.size > 1:
+        import numba
+        split = f"{comm.size} ranks x {s.passes} x {net.batch}, {numba.get_num_threads()} threads each"
+    else:
+        split = f"{net.config.subdivisions} x {net.batch}"
     progress.message(f"Training {s.cfg} on {s.dc.train} ({len(s.train_paths)} images), {s.batch} images per "
                      f"iteration ({split}), iterations {s.start + 1}..{s.max_batches}, seed {s.seed}; "
                      f"checkpoints in {os.path.join(s.backup_dir, '')}")
-
-
-def get_num_threads() -> int:
-    import numba
-    return numba.get_num_threads()
 
 
 # -- the iterations -------------------------------------------------------------------------------------
