@@ -247,7 +247,11 @@ def threads_per_rank(threads: int, comm) -> int:
     shared among the ranks on it (at least 1)."""
     if threads > 0 or comm.local_size <= 1:
         return threads
-    return max(1, (os.cpu_count() or 1) // comm.local_size)
+    try:
+        cores = len(os.sched_getaffinity(0))        # the cores this process may run on
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores // comm.local_size)
 
 
 @contextmanager
