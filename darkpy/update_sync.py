@@ -28,6 +28,7 @@ import zlib
 
 import numpy as np
 
+from .distributed import MpiError
 from .errors import DarkpyError
 from .kernels.bn import MOMENTUM
 
@@ -186,6 +187,6 @@ class UpdateSync:
                 crc = zlib.crc32(np.ascontiguousarray(a).view(np.uint8), crc)
         crcs = self.comm.allgather(np.array([crc], np.int64))[:, 0]
         if len(set(crcs.tolist())) > 1:
-            raise DarkpyError(f"iteration {iteration}: the ranks' weights differ (checksums "
+            raise MpiError(f"iteration {iteration}: the ranks' weights differ (checksums "
                               f"{', '.join(f'{c:08x}' for c in crcs)}); the MPI library's allreduce "
                               f"did not give every rank the same sum")

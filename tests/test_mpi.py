@@ -269,6 +269,89 @@ def test_rolling_replay_follows_the_batch_norm_kernel():
     assert not np.array_equal(mean, r0[0])
 
 
+class FakeRank0(SingleProcess):
+    """Rank 0 of a 2-rank job whose rank 1 sends `other(row)` and the same gradients."""
+
+    size = 2
+
+    def __init__(self, other):
+        self.other = other
+
+    def allreduce(self, flat):
+        flat *= 2
+        return flat
+
+    def allgather(self, row):
+        return np.stack([row, self.other(row)])
+
+
+BN_NET = ("[net]\nbatch=4\nwidth=5\nheight=5\nchannels=3\n"
+          "[convolutional]\nbatch_normalize=1\nfilters=4\nsize=3\npad=1\nactivation=leaky\n[avgpool]\n[softmax]\n")
+
+
+def test_update_sync_sums_costs_in_pass_order_and_replays_bn_in_rank_order():
+    from darkpy.update_sync import UpdateSync
+
+    net = network_from_text(BN_NET)
+    bn = net.layers[0].bn
+    bn.rolling_variance[...] = 1
+    r0 = bn.rolling_mean.copy(), bn.rolling_variance.copy()
+
+    def rank1(row):                     # rank 1: other costs and statistics, no stop request
+        out = row.copy()
+        out[0], out[1], out[2] = 0.0, 5.0, 0.25
+        out[3:] = out[3:] * 0.5 + 1
+        return out
+
+    sync = UpdateSync(net, FakeRank0(rank1), passes=1)
+    x = np.random.default_rng(0).random((4, 3, 5, 5), np.float32)
+    sync.begin()
+    net.forward(x, np.eye(4, 4, dtype=np.float32), train=True)
+    cost, cost_mean = net.cost, net.cost_mean
+    sync.record(0, cost, cost_mean)
+    net.backward()
+    before = sync.grads.copy()
+    m0, v0 = bn.mean.astype(np.float64), bn.variance.astype(np.float64)
+    total, mean_cost, stop = sync.finish(stop=True)
+    assert total == cost + 5.0 and mean_cost == (cost_mean + 0.25) / 2 and stop
+    np.testing.assert_array_equal(sync.grads, 2 * before)
+    mean, var = r0[0].copy(), r0[1].copy()
+    for m, v in ((m0, v0), (m0 * 0.5 + 1, v0 * 0.5 + 1)):      # rank 0's pass, then rank 1's
+        apply_rolling(mean, m)
+        apply_rolling(var, v)
+    np.testing.assert_array_equal(bn.rolling_mean, mean)
+    np.testing.assert_array_equal(bn.rolling_variance, var)
+
+
+def test_ranks_with_different_weights_are_an_error():
+    from darkpy.distributed import MpiError
+    from darkpy.update_sync import UpdateSync
+
+    net = network_from_text(BN_NET)
+    sync = UpdateSync(net, FakeRank0(lambda row: row + 1), passes=1)
+    with pytest.raises(MpiError, match="iteration 7: the ranks' weights differ"):
+        sync.check_replicas(7)
+    UpdateSync(net, FakeRank0(lambda row: row), passes=1).check_replicas(7)
+
+
+def test_rank_zero_alone_keeps_the_momentum_term():
+    from darkpy.update_sync import UpdateSync
+
+    net = network_from_text(BN_NET)
+
+    class Rank1(FakeRank0):
+        rank = 1
+
+    sync = UpdateSync(net, Rank1(lambda row: row), passes=1)
+    sync.grads[...] = 3.0
+    sync.begin()
+    assert not sync.grads.any()
+    sync0 = UpdateSync(net, FakeRank0(lambda row: row), passes=1)
+    sync0.grads[...] = 3.0
+    sync0.begin()
+    assert (sync0.grads == 3.0).all()
+
+
 # -- the communicator without MPI ---------------------------------------------------------------------------
 
 def test_world_is_a_single_process_without_a_launcher():
