@@ -346,7 +346,8 @@ def announce(setup: TrainSetup, progress: Progress, comm) -> None:
         progress.message(COMPILING_NOTICE)
     if comm.size > 1:
         import numba
-        split = f"{comm.size} ranks x {s.passes} x {net.batch}, {numba.get_num_threads()} threads each"
+        threads = numba.get_num_threads()
+        split = f"{comm.size} ranks x {s.passes} x {net.batch}, {threads} thread{'s' if threads > 1 else ''} each"
     else:
         split = f"{net.config.subdivisions} x {net.batch}"
     progress.message(f"Training {s.cfg} on {s.dc.train} ({len(s.train_paths)} images), {s.batch} images per "
