@@ -231,6 +231,39 @@ def test_the_flat_gradient_buffer_changes_nothing(monkeypatch, tmp_path):
     assert Path(flat.weights).read_bytes() == Path(own.weights).read_bytes()
 
 
+def test_a_shard_of_a_batch_is_augmented_as_in_the_whole_batch(tmp_path):
+    """What each rank loads (its positions of batch k, with their per-image generators) equals
+    those rows of the whole batch loaded by one process: classifier and detector."""
+    from PIL import Image
+    from test_train import make_project
+
+    from darkpy.batches import image_rngs
+    from darkpy.datafile import load_data_config, make_dataset
+    from darkpy.datasets import DetectionData
+
+    p = make_project(tmp_path / "cls", net_extra="exposure=1.5\nsaturation=1.5")
+    net = load_network(p.cfg)
+    dc = load_data_config(p.data)
+    paths = Path(p.train_list).read_text().split()
+    cls = make_dataset(net, dc, paths, augment=True, labels=dc.labels)
+    rng = np.random.default_rng(1)
+    boxes_paths = []
+    for i in range(6):
+        img = tmp_path / f"d{i}.png"
+        Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(img)
+        img.with_suffix(".txt").write_text(f"0 .5 .5 .3 .4\n1 .3 .6 .2 .2\n{'1 .7 .2 .1 .3' if i % 2 else ''}\n")
+        boxes_paths.append(str(img))
+    det = DetectionData(boxes_paths, classes=2, augment=True, hue=.1, saturation=1.5, exposure=1.5)
+    for data, idx in ((cls, [5, 0, 17, 3, 9, 11]), (det, [4, 1, 0, 5, 2, 3])):
+        whole_x, whole_y = data.load(idx, image_rngs(7, 3, range(6)), 16, 16)
+        for lo, hi in ((0, 2), (2, 4), (4, 6)):
+            x, y = data.load(idx[lo:hi], image_rngs(7, 3, range(lo, hi)), 16, 16)
+            np.testing.assert_array_equal(x, whole_x[lo:hi])
+            np.testing.assert_array_equal(y, whole_y[lo:hi])
+        other_x, _ = data.load(idx, image_rngs(8, 3, range(6)), 16, 16)
+        assert not np.array_equal(other_x, whole_x)
+
+
 def test_flatten_grads_makes_every_grad_a_view_of_one_buffer():
     net = network_from_text("[net]\nbatch=2\nwidth=6\nheight=6\nchannels=2\n"
                             "[convolutional]\nbatch_normalize=1\nfilters=3\nsize=3\npad=1\nactivation=leaky\n"
