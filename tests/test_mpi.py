@@ -154,7 +154,8 @@ def test_two_ranks_follow_one_process_with_subdivisions_doubled(project, referen
     assert [x["iteration"] for x in lines if x] == list(range(1, ITERATIONS + 1))
     assert r.stdout.count("Done:") == 1 and "2 ranks x 3 x 4" in r.stdout
     assert f"top-1 accuracy {100 * reference.accuracy.top1:.2f} %" in r.stdout
-    assert not r.stderr.strip(), r.stderr
+    # other ranks print nothing but errors, and there are none (the MPI library may add its own notes)
+    assert not [ln for ln in r.stderr.splitlines() if ln.startswith(("error", "warning", "Traceback"))], r.stderr
 
 
 @pytest.mark.slow
