@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -126,10 +127,17 @@ def run_config(cfg: Path, data: Path, ranks: int, threads: int, iterations: int,
             str(warmup), str(tmp / f"backup-{ranks}x{threads}")]
     cmd = [sys.executable, *args] if ranks == 1 else [find_mpiexec(), "-n", str(ranks), sys.executable, *args]
     load0 = os.getloadavg()[0]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=3600)
+    finally:
+        if proc.poll() is None:             # interrupted or timed out: end the whole job, not only mpiexec
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{stdout}\n{stderr}")
+    out = json.loads(stdout.strip().splitlines()[-1])
     out["load_before"], out["load_after"] = load0, os.getloadavg()[0]
     return out
 
