@@ -31,11 +31,24 @@ class BatchPlan:
 
 
 def augment_rng(seed: int, k: int) -> np.random.Generator:
+    """One generator for the whole batch k (`image_rngs` gives the trainer's per-image ones)."""
     return np.random.default_rng([seed, k, 1])
 
 
+def image_rngs(seed: int, k: int, positions: Sequence[int]) -> list[np.random.Generator]:
+    """The augmentation generators of the images at `positions` of batch k, one each: a rank that
+    loads only its shard of the batch draws for each image what one process would."""
+    return [np.random.default_rng([seed, k, 1, int(i)]) for i in positions]
+
+
 def network_rng(seed: int, k: int) -> np.random.Generator:
+    """The generator of update k's own draws (the `random` learning-rate policy)."""
     return np.random.default_rng([seed, k, 2])
+
+
+def pass_rng(seed: int, k: int, j: int) -> np.random.Generator:
+    """The network's generator (dropout masks, crop offsets) in forward pass j of iteration k."""
+    return np.random.default_rng([seed, k, 2, j])
 
 
 # -- multi-scale training (random=1 on the last detection layer) ------------------------------------------

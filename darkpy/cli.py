@@ -101,15 +101,20 @@ def _settings(**flags):
 @click.option("--map-every", type=click.IntRange(min=1), metavar="N",
               help="With --map: every N iterations (default: max(100, iterations/10)); implies --map.")
 @click.option("--strict", is_flag=True, default=None, help="Every cfg or data warning is an error.")
-def train(cfg, data, weights, clear, upto, seed, max_batches, backup, threads, progress, calc_map, map_every,
-          strict):
+@click.option("--procs", type=click.IntRange(min=1), metavar="N",
+              help="Train on N processes of this host (runs this environment's mpiexec; see README).")
+@click.pass_context
+def train(ctx, cfg, data, weights, clear, upto, seed, max_batches, backup, threads, progress, calc_map, map_every,
+          strict, procs):
     """Train the network of CFG on the `train` list of its .data file.
 
     Checkpoints go to the backup folder with Darknet's names (NAME_last.weights every 100 iterations,
     NAME_N.weights every 1000, NAME_final.weights at the end), with a .state file beside each for an
     exact resume. Ctrl-C saves NAME_last.weights and exits 0. Detectors with random=1 on the last
     layer train at sizes changing every 10 iterations; --map measures mAP during training and at the end.
+    `mpiexec -n N darkpy train ...` (or --procs N) trains one model on N processes.
     """
+    from .cli_mpi import end_of_job, launch_ranks, rank_context
     from .progress import Progress
     from .train import train as run_training
 
@@ -117,14 +122,20 @@ def train(cfg, data, weights, clear, upto, seed, max_batches, backup, threads, p
         raise click.UsageError("--clear needs --weights (it restarts the iteration count of loaded weights)")
     if upto is not None and weights is None:
         raise click.UsageError("--upto needs --weights (it loads the first N layers of a weights file)")
+    if procs is not None and procs > 1:
+        ctx.exit(launch_ranks(ctx, procs))
     from .errors import strict_warnings
 
-    settings = _settings(seed=seed, threads=threads, progress=progress, strict=strict)
-    reporter = Progress(settings.progress)
-    with strict_warnings(settings.strict):
-        result = run_training(cfg, data=data, weights=weights, clear=clear, upto=upto, seed=seed,
-                              max_batches=max_batches, backup=backup, settings=settings, progress=reporter,
-                              calc_map=calc_map or map_every is not None, map_every=map_every)
+    with rank_context(ctx) as comm:        # under MPI: rank 0 prints; an error on any rank ends the job
+        settings = _settings(seed=seed, threads=threads, progress=progress, strict=strict)
+        reporter = Progress(settings.progress)
+        with strict_warnings(settings.strict):
+            result = run_training(cfg, data=data, weights=weights, clear=clear, upto=upto, seed=seed,
+                                  max_batches=max_batches, backup=backup, settings=settings, progress=reporter,
+                                  calc_map=calc_map or map_every is not None, map_every=map_every, comm=comm)
+    ctx.call_on_close(lambda: end_of_job(comm))
+    if comm.rank != 0:
+        return
     if result.interrupted:
         from .cli_darknet import resume_command
         click.echo(f"Interrupted at iteration {result.iteration}: saved {result.weights}; resume with "
@@ -318,7 +329,8 @@ def cfg_convert(src, dst, force):
 
 def _register_extensions() -> None:
     """Commands that live in their own modules: `detect` and `map` (darkpy/cli_detect.py), `partial`
-    and Darknet's command forms `detector ...`, `classifier ...` (darkpy/cli_darknet.py)."""
+    and Darknet's command forms `detector ...`, `classifier ...` (darkpy/cli_darknet.py). (`train
+    --procs` and the ranks' side of MPI runs: darkpy/cli_mpi.py.)"""
     from . import cli_darknet, cli_detect
     cli_detect.register(main)
     cli_darknet.register(main)

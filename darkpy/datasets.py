@@ -12,7 +12,10 @@ reports a `DataError` naming the file and line instead:
 
 Batches are pure functions of their arguments: `load(indices, rng, w, h)` draws all its randomness
 from `rng`, so a trainer that seeds `rng` from (seed, iteration) gets the same batch every time, on
-the loader thread or not.
+the loader thread or not. `rng` is one generator for the whole batch, or a sequence of one per image
+(the trainer's: each image's augmentation is then independent of which other images share its batch,
+so a rank that loads part of a batch augments its images as one process would); one generator
+gives the same result as that generator repeated once per image.
 """
 from __future__ import annotations
 
@@ -351,6 +354,16 @@ def _net(net_cfg: Any, key: str, default: float) -> Any:
     return default if value is None else value
 
 
+def _per_image(rng, n: int) -> list[np.random.Generator]:
+    """`rng` as one generator per image: a single generator is shared (drawn from in image order)."""
+    if isinstance(rng, np.random.Generator):
+        return [rng] * n
+    rngs = list(rng)
+    if len(rngs) != n:
+        raise ValueError(f"{len(rngs)} generators for {n} images")
+    return rngs
+
+
 class _ImageCache:
     """Decoded images kept in memory up to a byte budget (small datasets are decoded once)."""
 
@@ -417,7 +430,8 @@ class ClassifierData:
         return len(self.paths)
 
     def load(self, indices: Iterable[int], rng: np.random.Generator, w: int, h: int) -> tuple[np.ndarray, np.ndarray]:
-        """Images `indices` as x float32 (n, channels, h, w) and one-hot y float32 (n, classes)."""
+        """Images `indices` as x float32 (n, channels, h, w) and one-hot y float32 (n, classes).
+        `rng`: a generator, or one per image."""
         indices = list(indices)
         x = np.empty((len(indices), self.channels, h, w), np.float32)
         y = np.zeros((len(indices), self.classes), np.float32)
@@ -432,16 +446,19 @@ class ClassifierData:
                 y[i, self.truth[k]] = 1
         return x, y
 
-    def _augment(self, x: np.ndarray, imgs: list[np.ndarray], rng: np.random.Generator, w: int, h: int) -> None:
+    def _augment(self, x: np.ndarray, imgs: list[np.ndarray], rng, w: int, h: int) -> None:
         n = len(imgs)
+        if n == 0:
+            return
+        rngs = _per_image(rng, n)
         if self.center:
-            u = rng.random((n, 1 + DISTORT_DRAWS))   # per image: flip coin, distortion
+            u = np.stack([g.random(1 + DISTORT_DRAWS) for g in rngs])   # per image: flip coin, distortion
             for i, img in enumerate(imgs):
                 x[i] = center_crop_image(img, w, h)
                 hsv = distort_args(self.hue, self.saturation, self.exposure, u[i, 1:])
                 flip_distort_inplace(x[i], u[i, 0] < 0.5 and self.flip, *hsv)
             return
-        u = rng.random((n, AUGMENT_DRAWS + 1 + DISTORT_DRAWS))   # per image: crop, flip coin, distortion
+        u = np.stack([g.random(AUGMENT_DRAWS + 1 + DISTORT_DRAWS) for g in rngs])   # per image: crop, flip, distortion
         lo = int(self.min_ratio * w)   # darknet: the ratios scale the net width, truncated
         hi = int(self.max_ratio * w)
         args = (self.angle, self.aspect, lo, hi, self.hue, self.saturation, self.exposure, self.flip)
@@ -528,15 +545,17 @@ class DetectionData:
 
     def load(self, indices: Iterable[int], rng: np.random.Generator, w: int, h: int) -> tuple[np.ndarray, np.ndarray]:
         """Images `indices` as x float32 (n, 3, h, w) and truth float32 (n, max_boxes·5): rows of
-        [x, y, w, h, class], zero-padded (a yolo layer stops at the first x == 0)."""
+        [x, y, w, h, class], zero-padded (a yolo layer stops at the first x == 0). `rng`: a
+        generator, or one per image."""
         indices = list(indices)
         x = np.empty((len(indices), 3, h, w), np.float32)
         truth = np.zeros((len(indices), self.max_boxes * 5), np.float32)
+        rngs = _per_image(rng, len(indices)) if self.augment else None
         for i, k in enumerate(indices):
             img = self._cache.get(k, self.paths[k], 3)
             boxes = self.boxes(k)
             if self.augment:
-                x[i], packed = self._augment(img, boxes, rng, w, h)
+                x[i], packed = self._augment(img, boxes, rngs[i], w, h)
             else:
                 x[i], packed = self._letterbox(img, boxes, w, h)
             truth[i, :packed.size] = packed.reshape(-1)

@@ -1,4 +1,4 @@
-"""Training, validation and prediction: the library behind `darkpy train`, `valid` and `predict`.
+"""Training: the library behind `darkpy train` (validation and prediction: darkpy/evaluate.py).
 
 The loop (Darknet's, spec §6): an iteration runs `subdivisions` training forwards with truth and
 backwards, then one `Network.update()`; its loss is the sum of the passes' costs over the full batch
@@ -7,15 +7,27 @@ backwards, then one `Network.update()`; its loss is the sum of the passes' costs
 (1000), `<cfg>_final.weights` at the end; every file is written to a temp file and renamed, so a
 kill at any instant leaves the previous checkpoint loadable.
 
+The parts: `prepare_training` decides everything before the first iteration (the network and where
+it starts, the data, this rank's share of each batch) into a `TrainSetup`; `TrainingLoop` runs the
+iterations (`step` = one update; `checkpoints_due`/`save` = what to write after it).
+
 Determinism: the batch of iteration k (sample indices and augmentation) is a pure function of
-(seed, k) — the images come from epoch permutations `default_rng([seed, epoch])`, augmentation
-from `default_rng([seed, k, 1])`, the network's own randomness (dropout) from
-`default_rng([seed, k, 2])`, and with random=1 the input size from `default_rng([seed, k // 10, 3])`
-(`multiscale_size`; each prefetched batch is loaded at its own size). Beside each checkpoint a `.state` file (an `.npz`) keeps what the
+(seed, k) — the images come from epoch permutations `default_rng([seed, epoch])`, the augmentation
+of the image at position i of the batch from `default_rng([seed, k, 1, i])` (`image_rngs`), the
+network's own randomness (dropout, crop) in forward pass j from `default_rng([seed, k, 2, j])`
+(`pass_rng`; the update's, policy=random, from `default_rng([seed, k, 2])`), and with random=1 the
+input size from `default_rng([seed, k // 10, 3])` (`multiscale_size`; each prefetched batch is
+loaded at its own size). Beside each checkpoint a `.state` file (an `.npz`) keeps what the
 `.weights` file cannot: momentum buffers (`Param.grad`), Adam moments (`Param.state`), the update
 count, the seed and the running average loss. Resuming from a checkpoint with its state gives
 exactly the run that was not interrupted, bit for bit; from the `.weights` file alone (all Darknet
 keeps) the momentum restarts at zero and the run continues only approximately.
+
+Data parallel (MPI, darkpy/distributed.py): with N ranks the cfg's `batch` is still the images per
+update; rank r trains on positions r·B/N .. (r+1)·B/N − 1 of every batch in `subdivisions` passes,
+so N ranks with `subdivisions=s` run the passes of one process with `subdivisions=N·s`, and since
+every random draw above is per image or per pass, on the same data (darkpy/update_sync.py: what the
+ranks exchange per update). Rank 0 alone writes checkpoints, the log, the chart and progress.
 """
 from __future__ import annotations
 
@@ -29,13 +41,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .batches import (RESIZE_PERIOD, BatchPlan, augment_rng, multiscale_size,  # noqa: F401  (re-exported)
-                      multiscale_sizes, network_rng)
+from .batches import (RESIZE_PERIOD, BatchPlan, augment_rng, image_rngs, multiscale_size,  # noqa: F401
+                      multiscale_sizes, network_rng, pass_rng)
 from .checkpoint import (SAVE_LAST, SAVE_WEIGHTS, STATE_VERSION, checkpoint_names, file_crc,  # noqa: F401
                          read_state, remove_stale_temp_files, save_checkpoint, state_path, write_state)
 from .datafile import (cfg_base, check_classes, check_labels, class_names, classifier_labels,  # noqa: F401
                        data_candidates, find_data_file, is_detector, load_data_config, make_dataset,
                        positive_int, read_image_list, require_lists, resolve_data_file)
+from .distributed import threads_per_rank, world
 from .errors import DarkpyError, DataError, TrainingError, WeightsError  # noqa: F401
 from .evaluate import Prediction, ValidResult, evaluate_classifier, predict, validate  # noqa: F401
 from .progress import CsvLog, Progress, Record
@@ -43,7 +56,9 @@ from .runtime import COMPILING_NOTICE, configure_threads, kernels_need_compiling
 from .settings import Settings, load_settings
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .datasets import DataConfig
     from .detect import MapResult
+    from .network import Network
 
 
 @dataclass
@@ -127,7 +142,7 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
           settings: Settings | None = None, progress: Progress | None = None,
           evaluate: bool = True, save_last: int | None = None, save_every: int | None = None,
           stop_after: int | None = None, calc_map: bool = False, map_every: int | None = None,
-          upto: int | None = None) -> TrainResult:
+          upto: int | None = None, comm=None) -> TrainResult:
     """Train the network of `cfg` on the `train` list of its .data file.
 
     `weights` resumes from its `seen` count (and from the `.state` beside it when that matches);
@@ -139,30 +154,129 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
     settings'. `save_last`/`save_every` override the checkpoint periods (the .data's `savelast` /
     `saveweights` keys, else 100/1000). `stop_after` stops (as if interrupted) after that many
     iterations of this run. With `evaluate`, the final network is validated on the `valid` list.
-    The settings' thread count is applied first (`configure_threads`).
+    The settings' thread count is applied first (`configure_threads`; under MPI, 0 = this host's
+    cores shared among its ranks).
 
     Detectors: `random=1` on the last [yolo]/[region] trains at sizes drawn every 10 iterations
     (`multiscale_size`), back at the cfg's size for the final 10% and for every mAP measurement.
     `calc_map` measures mAP@0.5 on the `valid` list every `map_every` iterations (default
     max(100, max_batches/10)) and at the end, logs it (the CSV's `map` column) and keeps
     `<cfg>_best.weights` (and its .state) whenever it improves.
-    """
-    from .network import load_network
 
+    `comm`: the communicator (darkpy/distributed.py; default `world()`, which is a single process
+    unless mpiexec started several ranks). With several ranks every rank calls `train` with the same
+    arguments; rank 0's result holds the checkpoints, log and accuracy. An exception on one rank
+    would leave the others waiting in a collective: wrap the call in
+    `distributed.abort_job_on_error(comm)`, as the CLI does, to end the job instead.
+    """
     t_start = time.perf_counter()
+    comm = comm if comm is not None else world()
     settings = settings or load_settings()
-    progress = progress or Progress("none", quiet=True)
-    configure_threads(settings.threads)
+    if progress is None or comm.rank != 0:
+        progress = Progress("none", quiet=True)
+    configure_threads(threads_per_rank(settings.threads, comm))
+    setup = prepare_training(cfg, data, weights, clear, seed, max_batches, backup, settings, progress,
+                             save_last, save_every, calc_map, map_every, comm, upto=upto, evaluate=evaluate)
+    announce(setup, progress, comm)
+    loop = TrainingLoop(setup, progress, comm, stop_after)
+    result = loop.run()
+    result.seconds = time.perf_counter() - t_start
+    if evaluate and comm.rank == 0 and not result.interrupted and setup.dc.valid and not is_detector(setup.net):
+        result.accuracy = evaluate_classifier(setup.net, setup.dc,
+                                              read_image_list(setup.dc.valid, "valid", setup.data_path))
+        loop.draw(top1=result.accuracy.top1)
+    return result
+
+
+# -- before the first iteration -------------------------------------------------------------------------
+
+@dataclass
+class TrainSetup:
+    """Everything a run decides before its first iteration."""
+
+    cfg: str
+    base: str                            # Darknet's <cfgbase>: checkpoint and log names
+    data_path: str
+    dc: "DataConfig"
+    backup_dir: str
+    net: "Network"
+    weights: str | None                  # what the run started from
+    meta: dict | None                    # the resumed .state's meta (None: no exact resume)
+    seed: int
+    start: int                           # iterations already done
+    max_batches: int
+    save_last: int
+    save_every: int
+    train_paths: list[str]
+    dataset: object
+    plan: BatchPlan
+    base_size: tuple[int, int]
+    sizes: list[tuple[int, int]]         # multi-scale sizes ([base_size] without random=1)
+    head_random: float
+    calc_map: bool
+    valid_paths: list[str]
+    map_every: int
+    best_map: float | None
+    passes: int                          # forward passes per update on this rank
+    shard: range                         # this rank's positions in every batch
+
+    @property
+    def batch(self) -> int:
+        """Images per update, over all ranks."""
+        return self.net.config.full_batch
+
+    def input_size(self, k: int) -> tuple[int, int]:
+        if len(self.sizes) > 1:
+            return multiscale_size(self.seed, k, self.sizes, self.base_size, self.max_batches)
+        return self.base_size
+
+    def load_batch(self, k: int):
+        """This rank's shard of batch k at the batch's own input size (x is (shard, c, h, w)): a pure
+        function of k, so prefetching changes nothing."""
+        bw, bh = self.input_size(k)
+        idx = self.plan.indices(k)[self.shard.start:self.shard.stop]
+        return self.dataset.load(idx, image_rngs(self.seed, k, self.shard), bw, bh)
+
+
+def prepare_training(cfg, data, weights, clear, seed, max_batches, backup, settings: Settings,
+                     progress: Progress, save_last, save_every, calc_map, map_every, comm,
+                     upto: int | None = None, evaluate: bool = True) -> TrainSetup:
+    """Read the .data file, build (and resume) the network, check the data, split the batch over
+    the ranks. Raises the user's errors before anything is written."""
     cfg = os.fspath(cfg)
     data_path = resolve_data_file(cfg, data)
     dc = load_data_config(data_path)
-    base = cfg_base(cfg)
-    backup_dir = os.fspath(backup) if backup is not None else (dc.backup or settings.backup)
     raw = dc.raw
     save_last = save_last or positive_int(raw.get("savelast"), SAVE_LAST, "savelast", data_path)
     save_every = save_every or positive_int(raw.get("saveweights"), SAVE_WEIGHTS, "saveweights", data_path)
+    net, meta, seed, start, max_batches = _start_network(cfg, weights, clear, seed, max_batches, settings, progress,
+                                                         upto, data)
+    require_lists(dc, ["valid"] if calc_map or (evaluate and not is_detector(net)) else [])
+    train_paths, dataset = training_data(net, dc, data_path)
+    passes, shard = split_batch(net, comm, cfg)
+    base_size = (net.width, net.height)
+    head_random = getattr(net.layers[-1], "random", 0) if is_detector(net) else 0
+    if calc_map and not is_detector(net):
+        raise DarkpyError(f"{cfg}: --map measures detector mAP; this network is a classifier (its accuracy "
+                          f"on the valid list is printed at the end)")
+    return TrainSetup(
+        cfg=cfg, base=cfg_base(cfg), data_path=data_path, dc=dc,
+        backup_dir=os.fspath(backup) if backup is not None else (dc.backup or settings.backup),
+        net=net, weights=os.fspath(weights) if weights is not None else None, meta=meta, seed=seed,
+        start=start, max_batches=max_batches, save_last=save_last, save_every=save_every,
+        train_paths=train_paths, dataset=dataset, plan=BatchPlan(len(train_paths), net.config.full_batch, seed),
+        base_size=base_size, sizes=multiscale_sizes(*base_size, head_random) if head_random else [base_size],
+        head_random=head_random, calc_map=calc_map,
+        valid_paths=read_image_list(dc.valid, "valid", data_path) if calc_map else [],
+        map_every=map_every or max(100, max_batches // 10),
+        best_map=meta.get("best_map") if meta else None, passes=passes, shard=shard)
 
-    # -- the network and where it starts ----------------------------------------------------------
+
+def _start_network(cfg: str, weights, clear: bool, seed, max_batches, settings: Settings, progress: Progress,
+                   upto: int | None = None, data=None):
+    """The network and where it starts: (net, resumed meta or None, seed, start, max_batches)."""
+    from .network import load_network
+
     net = load_network(cfg, seed=settings.seed if seed is None else seed)
     meta = None
     if weights is not None:
@@ -188,8 +302,7 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
                 progress.message(f"Note: {why}; momentum/Adam state restarts, so this run continues "
                                  f"the saved one only approximately")
     seed = seed if seed is not None else (meta["seed"] if meta else settings.seed)
-    B = net.config.full_batch
-    start = net.seen // B
+    start = net.seen // net.config.full_batch
     net.updates = int(meta["updates"]) if meta else start
     max_batches = max_batches if max_batches is not None else net.config.max_batches
     if max_batches <= 0:
@@ -201,189 +314,260 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
     if start >= max_batches:
         raise TrainingError(f"{weights}: already trained for {start} iterations (max_batches={max_batches}); "
                             f"pass --max-batches N larger than {start}, or --clear to start the count over")
+    return net, meta, seed, start, max_batches
 
-    # -- data ---------------------------------------------------------------------------------------
+
+def training_data(net, dc, data_path) -> tuple[list[str], object]:
+    """The train list and the dataset the run reads batches from (checked against the network)."""
     check_classes(net, dc)
-    require_lists(dc, ["valid"] if calc_map or (evaluate and not is_detector(net)) else [])
     train_paths = read_image_list(dc.train, "train", data_path)
     labels = None
     if not is_detector(net):
         labels = classifier_labels(dc)
         check_labels(train_paths, labels, dc.train)
-    dataset = make_dataset(net, dc, train_paths, augment=True, labels=labels)
-    plan = BatchPlan(len(train_paths), B, seed)
-    base_size = (net.width, net.height)
-    head_random = getattr(net.layers[-1], "random", 0) if is_detector(net) else 0
-    sizes = multiscale_sizes(*base_size, head_random) if head_random else [base_size]
+    return train_paths, make_dataset(net, dc, train_paths, augment=True, labels=labels)
 
-    def batch_size(k: int) -> tuple[int, int]:
-        return multiscale_size(seed, k, sizes, base_size, max_batches) if len(sizes) > 1 else base_size
 
-    def load_batch(k: int):
-        """Batch k at its own input size (x is (B, c, h, w)): prefetching stays a pure function of k."""
-        bw, bh = batch_size(k)
-        return dataset.load(plan.indices(k), augment_rng(seed, k), bw, bh)
+def split_batch(net, comm, cfg: str) -> tuple[int, range]:
+    """This rank's forward passes per update and its positions in every batch. One process: the
+    cfg's subdivisions over the whole batch. N ranks: each runs `subdivisions` passes of
+    batch/(N·subdivisions) images (the net is re-batched to that), on its N-th of the batch."""
+    c = net.config
+    if comm.size == 1:
+        return c.subdivisions, range(c.full_batch)
+    n, s = comm.size, c.subdivisions
+    if c.batch % (n * s):
+        raise TrainingError(
+            f"{cfg}: batch={c.batch} does not split over {n} ranks x subdivisions={s}: each forward pass "
+            f"takes batch / (ranks x subdivisions) images, so batch must be a multiple of {n * s}; "
+            f"change batch or subdivisions, or use another number of ranks")
+    c.subdivisions = n * s
+    net.set_batch(c.minibatch)
+    share = c.full_batch // n
+    return s, range(comm.rank * share, (comm.rank + 1) * share)
 
-    if calc_map and not is_detector(net):
-        raise DarkpyError(f"{cfg}: --map measures detector mAP; this network is a classifier (its accuracy "
-                          f"on the valid list is printed at the end)")
-    valid_paths = read_image_list(dc.valid, "valid", data_path) if calc_map else []
-    map_every = map_every or max(100, max_batches // 10)
-    best_map = meta.get("best_map") if meta else None
 
-    # -- output files -------------------------------------------------------------------------------
-    os.makedirs(backup_dir, exist_ok=True)
-    remove_stale_temp_files(backup_dir, base)
-    log_path = os.path.join(backup_dir, f"{base}_log.csv")
-    chart_path = os.path.join(backup_dir, "chart.png")
-    log = CsvLog(log_path, resume_from=start if start > 0 else None)
-    avg = float(meta["avg_loss"]) if meta and meta.get("avg_loss") is not None else -1.0
-    if avg < 0 and log.records:
-        avg = log.records[-1].avg_loss
-
-    def ckpt_meta(k: int) -> dict:
-        return {"iteration": k, "seed": seed, "avg_loss": avg, "cfg": os.path.abspath(cfg),
-                "loader": {"seed": seed, "iteration": k, "train_list": dc.train}, "best_map": best_map}
-
-    def draw(top1: float | None = None):
-        from .chart import draw_loss_chart
-        recs = log.records
-        metric = [(r.iteration, r.map) for r in recs if not math.isnan(r.map)]
-        if top1 is not None:
-            metric = [(recs[-1].iteration if recs else k, top1)]
-        draw_loss_chart(chart_path, [r.iteration for r in recs], [r.loss for r in recs],
-                        [r.avg_loss for r in recs], max_batches, title=base, metric=metric,
-                        metric_name="top-1" if top1 is not None else "mAP@0.5")
-
+def announce(setup: TrainSetup, progress: Progress, comm) -> None:
+    """The run's opening messages (rank 0's progress only)."""
+    net, s = setup.net, setup
     if net.config.random and not is_detector(net):
         progress.message(f"Note: [net] random=1 (classifier multi-scale training) is not supported; "
                          f"training at {net.width}x{net.height} only")
-    if head_random:
-        progress.message("random=1: multi-scale training at " + ", ".join(f"{a}x{b}" for a, b in sizes)
-                         + f", a new size every {RESIZE_PERIOD} iterations; {base_size[0]}x{base_size[1]} "
-                         f"for the last {max(1, max_batches // 10)}")
-    if calc_map:
-        progress.message(f"mAP@0.5 on {dc.valid} ({len(valid_paths)} images) every {map_every} iterations "
-                         f"and at the end; the best weights go to {base}_best.weights")
+    if s.head_random:
+        progress.message("random=1: multi-scale training at " + ", ".join(f"{a}x{b}" for a, b in s.sizes)
+                         + f", a new size every {RESIZE_PERIOD} iterations; {s.base_size[0]}x{s.base_size[1]} "
+                         f"for the last {max(1, s.max_batches // 10)}")
+    if s.calc_map:
+        progress.message(f"mAP@0.5 on {s.dc.valid} ({len(s.valid_paths)} images) every {s.map_every} "
+                         f"iterations and at the end; the best weights go to {s.base}_best.weights")
     if kernels_need_compiling(net):
         progress.message(COMPILING_NOTICE)
-    progress.message(f"Training {cfg} on {dc.train} ({len(train_paths)} images), {B} images per iteration "
-                     f"({net.config.subdivisions} x {net.batch}), iterations {start + 1}..{max_batches}, "
-                     f"seed {seed}; checkpoints in {os.path.join(backup_dir, '')}")
+    if comm.size > 1:
+        import numba
+        threads = numba.get_num_threads()
+        split = f"{comm.size} ranks x {s.passes} x {net.batch}, {threads} thread{'s' if threads > 1 else ''} each"
+    else:
+        split = f"{net.config.subdivisions} x {net.batch}"
+    progress.message(f"Training {s.cfg} on {s.dc.train} ({len(s.train_paths)} images), {s.batch} images per "
+                     f"iteration ({split}), iterations {s.start + 1}..{s.max_batches}, seed {s.seed}; "
+                     f"checkpoints in {os.path.join(s.backup_dir, '')}")
 
-    from .datasets import BatchLoader
 
-    loader = BatchLoader(load_batch, depth=1)
-    progress.begin(start, max_batches)
-    last_ckpt: tuple[str, int] | None = (os.fspath(weights), start) if weights is not None else None
-    records: list[Record] = []
-    written: str | None = None
-    best_written: str | None = None
-    size_changes: list[tuple[int, int, int]] = []
-    final_map = None
-    interrupted = False
-    k = start
+# -- the iterations -------------------------------------------------------------------------------------
 
-    def set_size(size: tuple[int, int], why: str) -> None:
-        if (net.width, net.height) != size:
-            net.resize(*size)
-            size_changes.append((k, *size))
-            progress.message(f"Resizing to {size[0]}x{size[1]} ({why})")
+class TrainingLoop:
+    """Runs the iterations of a `TrainSetup`: `step` (one update) and, after each, the log line, the
+    mAP measurement and the checkpoints (`checkpoints_due`, `save`). Rank 0 alone writes files and
+    progress; every rank runs the same steps, so every collective is reached by all."""
 
-    def measure_map():
+    def __init__(self, setup: TrainSetup, progress: Progress, comm, stop_after: int | None):
+        from .datasets import BatchLoader
+        from .update_sync import UpdateSync
+
+        self.s, self.net, self.progress, self.comm = setup, setup.net, progress, comm
+        self.stop_after = stop_after
+        self.writer = comm.rank == 0
+        self.log_path = os.path.join(setup.backup_dir, f"{setup.base}_log.csv")
+        self.chart_path = os.path.join(setup.backup_dir, "chart.png")
+        meta = setup.meta
+        self.avg = float(meta["avg_loss"]) if meta and meta.get("avg_loss") is not None else -1.0
+        self.log = None
+        if self.writer:
+            os.makedirs(setup.backup_dir, exist_ok=True)
+            remove_stale_temp_files(setup.backup_dir, setup.base)
+            self.log = CsvLog(self.log_path, resume_from=setup.start if setup.start > 0 else None)
+            if self.avg < 0 and self.log.records:
+                self.avg = self.log.records[-1].avg_loss
+        self.sync = UpdateSync(self.net, comm, setup.passes)
+        self.loader = BatchLoader(setup.load_batch, depth=1)
+        self.k = setup.start
+        self.best_map = setup.best_map
+        self.last_ckpt: tuple[str, int] | None = (setup.weights, setup.start) if setup.weights else None
+        self.records: list[Record] = []
+        self.written: str | None = None
+        self.best_written: str | None = None
+        self.size_changes: list[tuple[int, int, int]] = []
+        self.final_map = None
+
+    def run(self) -> TrainResult:
+        s = self.s
+        interrupted = False
+        bad_labels = getattr(s.dataset, "bad_labels", None)
+        self.progress.begin(s.start, s.max_batches)
+        try:
+            with _StopRequest() as stop:
+                while self.k < s.max_batches:
+                    t0 = time.perf_counter()
+                    loss, cost_mean, rate, stop_asked = self.step(self.k, stop.requested is not None)
+                    self.k += 1
+                    k = self.k
+                    self.avg = loss if self.avg < 0 else 0.9 * self.avg + 0.1 * loss
+                    rec = Record(k, self.net.seen / len(s.train_paths), loss, self.avg, cost_mean, rate,
+                                 time.perf_counter() - t0, int(self.net.seen))
+                    done = k >= s.max_batches
+                    improved = self.measure_map(rec, done)
+                    self.records.append(rec)
+                    if self.writer:
+                        self.log.write(rec)
+                    self.progress.iteration(rec)
+                    if not math.isnan(rec.map):
+                        self.progress.message(
+                            f"iteration {k}: mAP@0.5 = {100 * rec.map:.2f} %, best = {100 * self.best_map:.2f} %"
+                            + (f"; saving {s.base}_best.weights" if improved else ""))
+                    # one process acts on a signal that came while it logged this iteration too; ranks
+                    # stop on the requests they exchanged in the step, so all stop after the same iteration
+                    asked = stop.requested is not None if self.comm.size == 1 else stop_asked
+                    want_stop = asked or (self.stop_after is not None and k - s.start >= self.stop_after)
+                    if done:
+                        self.set_size(s.base_size, "the cfg's size, for the final weights")
+                    self.save(self.checkpoints_due(k, done, want_stop), improved)
+                    if want_stop and not done:
+                        interrupted = True
+                        break
+            if bad_labels is not None and self.comm.size > 1:
+                bad_labels = _merge_lists(self.comm.allgather_objects(bad_labels))
+        except TrainingError:
+            if self.writer:
+                self.draw()
+            raise
+        finally:
+            self.loader.close()
+            if self.log is not None:
+                self.log.close()
+            self.progress.close()
+            if self.writer and bad_labels:
+                s.dataset.bad_labels[:] = bad_labels
+                s.dataset.write_bad_labels(os.path.join(s.backup_dir, "bad_label.list"))
+        return TrainResult(s.cfg, s.backup_dir, s.start, self.k, s.max_batches, self.written, interrupted, 0.0,
+                           self.log_path, self.chart_path, self.records,
+                           map=None if interrupted else self.final_map,
+                           best_map=self.best_map if s.calc_map else None, best=self.best_written,
+                           sizes=self.size_changes)
+
+    def step(self, k: int, stop_requested: bool) -> tuple[float, float, float, bool]:
+        """Iteration k (0-based): this rank's forward/backward passes over its shard of batch k, the
+        exchange with the other ranks, one update. Returns (loss per image, mean cost_mean, rate,
+        whether any rank asked to stop)."""
+        s, net, sync = self.s, self.net, self.sync
+        x, y = self.loader.get(k)
+        self.set_size((x.shape[-1], x.shape[-2]), f"iteration {k + 1}")
+        mb, seen0 = net.batch, net.seen
+        first = self.comm.rank * s.passes          # this rank's first pass, in the whole update's order
+        sync.begin()
+        for j in range(s.passes):
+            net.seen = seen0 + (first + j) * mb     # as if every earlier pass of the update ran here
+            net.rng = pass_rng(s.seed, k, first + j)
+            xs, ys = x[j * mb:(j + 1) * mb], y[j * mb:(j + 1) * mb]
+            net.forward(xs, ys, train=True)
+            if net.cost is None:
+                raise TrainingError(f"{net.file}: the network has no cost layer (softmax, cost, yolo, ...) so it "
+                                    f"cannot be trained; end it with one")
+            if not math.isfinite(net.cost):
+                raise TrainingError(_nan_message(k + 1, net.cost, first_non_finite(net, xs), self.last_ckpt))
+            sync.record(j, net.cost, net.cost_mean)
+            net.backward()
+        cost_sum, cost_mean, stop = sync.finish(stop_requested)
+        net.seen = seen0 + s.batch
+        net.rng = network_rng(s.seed, k)
+        rate = net.update()
+        return cost_sum / s.batch, cost_mean, rate, stop
+
+    def set_size(self, size: tuple[int, int], why: str) -> None:
+        if (self.net.width, self.net.height) != size:
+            self.net.resize(*size)
+            self.size_changes.append((self.k, *size))
+            self.progress.message(f"Resizing to {size[0]}x{size[1]} ({why})")
+
+    def measure_map(self, rec: Record, done: bool) -> bool:
+        """With --map, on its iterations: mAP on the valid list (rank 0 only) into `rec`; returns
+        whether it improved on the best so far."""
+        s = self.s
+        if not (s.calc_map and self.writer and (rec.iteration % s.map_every == 0 or done)):
+            return False
         from .detect import evaluate_map
 
-        set_size(base_size, "the cfg's size, to measure mAP")
-        return evaluate_map(net, dc, iou=0.5, paths=valid_paths)
+        self.set_size(s.base_size, "the cfg's size, to measure mAP")
+        self.final_map = evaluate_map(self.net, s.dc, iou=0.5, paths=s.valid_paths)
+        rec.map = self.final_map.map
+        improved = self.best_map is None or rec.map > self.best_map
+        self.best_map = rec.map if improved else self.best_map
+        return improved
 
-    try:
-        with _StopRequest() as stop:
-            while k < max_batches:
-                t0 = time.perf_counter()
-                x, y = loader.get(k)
-                set_size((x.shape[-1], x.shape[-2]), f"iteration {k + 1}")
-                net.rng = network_rng(seed, k)
-                cost_sum, cost_mean = _train_iteration(net, x, y, lambda where, cost: TrainingError(
-                    _nan_message(k + 1, cost, where, last_ckpt)))
-                rate = net.update()
-                k += 1
-                loss = cost_sum / B
-                avg = loss if avg < 0 else 0.9 * avg + 0.1 * loss
-                rec = Record(k, net.seen / len(train_paths), loss, avg, cost_mean, rate,
-                             time.perf_counter() - t0, int(net.seen))
-                done = k >= max_batches
-                improved = False
-                if calc_map and (k % map_every == 0 or done):
-                    final_map = measure_map()
-                    rec.map = final_map.map
-                    improved = best_map is None or rec.map > best_map
-                    best_map = rec.map if improved else best_map
-                records.append(rec)
-                log.write(rec)
-                progress.iteration(rec)
-                if not math.isnan(rec.map):
-                    progress.message(f"iteration {k}: mAP@0.5 = {100 * rec.map:.2f} %, best = {100 * best_map:.2f} %"
-                                     + (f"; saving {base}_best.weights" if improved else ""))
-                want_stop = stop.requested is not None or (stop_after is not None and k - start >= stop_after)
-                names = checkpoint_names(base, k, save_last, save_every, done, want_stop)
-                if improved:
-                    names.append(f"{base}_best.weights")
-                if done:
-                    set_size(base_size, "the cfg's size, for the final weights")
-                if names:
-                    bad = _bad_params(net)
-                    if bad is not None:
-                        raise TrainingError(_nan_message(k, math.nan, f"{bad} (after the update)", last_ckpt))
-                    for name in names:
-                        path = os.path.join(backup_dir, name)
-                        save_checkpoint(net, path, ckpt_meta(k))
-                        if name.endswith("_best.weights"):
-                            best_written = path
-                        else:
-                            written = path
-                            last_ckpt = (path, k)
-                    draw()
-                if want_stop and not done:
-                    interrupted = True
-                    break
-    except TrainingError:
-        draw()
-        raise
-    finally:
-        loader.close()
-        log.close()
-        progress.close()
-        bad_labels = getattr(dataset, "bad_labels", None)
-        if bad_labels:
-            dataset.write_bad_labels(os.path.join(backup_dir, "bad_label.list"))
-    result = TrainResult(cfg, backup_dir, start, k, max_batches, written, interrupted,
-                         time.perf_counter() - t_start, log_path, chart_path, records,
-                         map=None if interrupted else final_map,
-                         best_map=best_map if calc_map else None, best=best_written, sizes=size_changes)
-    if evaluate and not interrupted and dc.valid and not is_detector(net):
-        result.accuracy = evaluate_classifier(net, dc, read_image_list(dc.valid, "valid", data_path))
-        draw(top1=result.accuracy.top1)
-    return result
+    def checkpoints_due(self, k: int, done: bool, stopping: bool) -> list[str]:
+        """The checkpoint files to write after iteration k (the same on every rank)."""
+        s = self.s
+        return checkpoint_names(s.base, k, s.save_last, s.save_every, done, stopping)
+
+    def save(self, names: list[str], improved: bool) -> None:
+        """Write `names` (and `_best` when the mAP improved): rank 0 only, after checking that the
+        weights are finite and, with several ranks, the same on every rank."""
+        s, k = self.s, self.k
+        if names:
+            self.sync.check_replicas(k)
+        if improved:
+            names = names + [f"{s.base}_best.weights"]
+        if not names or not self.writer:
+            return
+        bad = _bad_params(self.net)
+        if bad is not None:
+            raise TrainingError(_nan_message(k, math.nan, f"{bad} (after the update)", self.last_ckpt))
+        for name in names:
+            path = os.path.join(s.backup_dir, name)
+            save_checkpoint(self.net, path, self.checkpoint_meta(k))
+            if name.endswith("_best.weights"):
+                self.best_written = path
+            else:
+                self.written = path
+                self.last_ckpt = (path, k)
+        self.draw()
+
+    def checkpoint_meta(self, k: int) -> dict:
+        s = self.s
+        return {"iteration": k, "seed": s.seed, "avg_loss": self.avg, "cfg": os.path.abspath(s.cfg),
+                "loader": {"seed": s.seed, "iteration": k, "train_list": s.dc.train}, "best_map": self.best_map}
+
+    def draw(self, top1: float | None = None) -> None:
+        """chart.png: the loss curves, and mAP (with --map) or the final top-1 on a second axis."""
+        from .chart import draw_loss_chart
+
+        recs = self.log.records
+        metric = [(r.iteration, r.map) for r in recs if not math.isnan(r.map)]
+        if top1 is not None:
+            metric = [(recs[-1].iteration if recs else self.k, top1)]
+        draw_loss_chart(self.chart_path, [r.iteration for r in recs], [r.loss for r in recs],
+                        [r.avg_loss for r in recs], self.s.max_batches, title=self.s.base, metric=metric,
+                        metric_name="top-1" if top1 is not None else "mAP@0.5")
 
 
-def _train_iteration(net, x: np.ndarray, y: np.ndarray, nan_error) -> tuple[float, float]:
-    """`subdivisions` training forwards (with truth) and backwards over the full batch x, y;
-    gradients accumulate for the one update that follows. Returns (Σ cost, mean cost_mean). A
-    non-finite cost raises `nan_error(where, cost)` before its backward can spread it."""
-    mb, n = net.batch, net.config.subdivisions
-    cost_sum = cost_mean_sum = 0.0
-    for j in range(n):
-        xs, ys = x[j * mb:(j + 1) * mb], y[j * mb:(j + 1) * mb]
-        net.forward(xs, ys, train=True)
-        if net.cost is None:
-            raise TrainingError(f"{net.file}: the network has no cost layer (softmax, cost, yolo, ...) so it "
-                                f"cannot be trained; end it with one")
-        if not math.isfinite(net.cost):
-            raise nan_error(first_non_finite(net, xs), net.cost)
-        cost_sum += net.cost
-        cost_mean_sum += net.cost_mean
-        net.backward()
-    return cost_sum, cost_mean_sum / n
+
+def _merge_lists(lists: list[list[str]]) -> list[str]:
+    out, seen = [], set()
+    for items in lists:
+        for item in items:
+            if item not in seen:
+                seen.add(item)
+                out.append(item)
+    return out
 
 
 
