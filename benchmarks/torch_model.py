@@ -18,9 +18,12 @@ shared. What "the same semantics" means, layer by layer (spec §2, §5):
   upsample: nearest neighbour × stride, times scale. yolo: the head's activations (logistic on x, y,
   objectness and classes, identity on w, h; `scale_x_y`, `new_coords`).
 
+`export_onnx` writes a TorchNet as ONNX (for the benchmark's ONNX Runtime contender).
+
 Training (`TorchNet.loss` + `make_optimizer`) is Darknet's step written the PyTorch way (spec §6.3):
-loss = softmax cross-entropy summed over the batch, divided by the full batch B (darkpy's update
-divides its summed gradient by B), and SGD with momentum, dampening 0 and weight decay on conv and
+loss = softmax cross-entropy summed over the batch, or the sum of the `[yolo]` heads' losses
+(`torch_yolo.py`: equal to darkpy's deltas), divided by the full batch B (darkpy's update divides
+its summed gradient by B), and SGD with momentum, dampening 0 and weight decay on conv and
 connected weights only, at darkpy's learning rate times each layer's `learning_rate` scale.
 
 One difference is on purpose: darkpy normalises a training batch by the UNBIASED batch variance
