@@ -2,8 +2,8 @@
 quiet window, outputs checked equal first.
 
 Contenders: `darkpy`, `torch` (NCHW), `torch-cl` (torch with `channels_last`) and, for inference,
-`onnxruntime` (CPU provider) on the network exported to ONNX (`ONNX_EXPORTERS`: from the torch
-translator, or from darkpy's own exporter once it exists). The faster torch layout is darkpy's
+`onnxruntime` (CPU provider) on the network exported to ONNX (`onnx_models.ONNX_EXPORTERS`: from
+the torch translator, or from darkpy's own exporter once it exists). The faster torch layout is darkpy's
 PyTorch peer.
 
 Fairness, in order of what it rules out:
@@ -259,43 +259,6 @@ def random_truth(rng: np.random.Generator, batch: int, detector: dict) -> np.nda
     return truth
 
 
-# -- ONNX for onnxruntime -----------------------------------------------------------------------------
-
-def onnx_via_torch(phase: Phase, path: str, outputs: list[int]) -> str:
-    """Export the torch translation (same weights; NCHW) with torch.onnx.export, in a torch worker."""
-    if not phase.prep.spec:
-        raise Unavailable(f"no torch translation to export ({phase.prep.unsupported})")
-    phase.session("torch", [("export_onnx", {"path": path, "outputs": outputs})], record=False, drop=False)
-    return path
-
-
-def onnx_via_darkpy(phase: Phase, path: str, outputs: list[int]) -> str:
-    """darkpy's own exporter (darkpy.export_onnx, being written elsewhere). The hook calls
-    `export_onnx(net, path)` on the network at the phase's batch; its outputs must be, in order,
-    the layers `outputs` (the heads and softmax logits). Adjust this call to the exporter's API."""
-    import darkpy
-
-    export = getattr(darkpy, "export_onnx", None)
-    if export is None:
-        raise Unavailable("darkpy.export_onnx does not exist yet (use --onnx-from torch)")
-    from darkpy.cfg import CfgWarning, load_cfg
-    from darkpy.network import Network
-
-    doc = load_cfg(phase.spec.cfg)
-    for key, value in edits_for(phase.spec, phase.batch).items():
-        doc.set(key, value)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CfgWarning)
-        net = Network(doc, batch=phase.batch)
-    net.load_weights(phase.prep.weights)
-    export(net, path)
-    return path
-
-
-#: Where onnxruntime's model comes from: `--onnx-from NAME`.
-ONNX_EXPORTERS = {"torch": onnx_via_torch, "darkpy": onnx_via_darkpy}
-
-
 # -- one phase ---------------------------------------------------------------------------------------
 
 def _summary(samples: list[float], batch: int) -> dict:
@@ -425,6 +388,8 @@ class Phase:
                 self.onnx_outputs = check_picks([r[1] for r in prep.layer_rows], prep.heads)
                 self.onnx = str(tmp / f"{stem}.onnx")
                 try:
+                    from .onnx_models import ONNX_EXPORTERS
+
                     ONNX_EXPORTERS[self.opts.onnx_from](self, self.onnx, self.onnx_outputs)
                     self.kinds.append("onnxruntime")
                     self.result["onnx"] = {"source": self.opts.onnx_from, "outputs": self.onnx_outputs,
@@ -535,6 +500,7 @@ class Phase:
         windows = result["windows"]
         busy = [w["busy"] for w in windows if w.get("busy") is not None]
         result["quiet"] = {"windows": len(windows), "not_quiet": sum(not w["quiet"] for w in windows),
+                           "other_workers": sum(bool(w.get("other_workers")) for w in windows),
                            "max_busy": max(busy) if busy else None,
                            "unclean_exits": sum(not w.get("exited_cleanly", True) for w in windows)}
         if "darkpy" in self.tables:

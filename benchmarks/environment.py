@@ -102,13 +102,29 @@ def busy_fraction(window_s: float = 0.2) -> float | None:
     return 1.0 - (b[1] - a[1]) / (b[0] - a[0])
 
 
+def live_workers() -> list[int]:
+    """Pids of every benchmark worker process alive on the machine (ours or anyone's)."""
+    pids = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"benchmarks.worker" in cmd:
+            pids.append(int(d.name))
+    return pids
+
+
 def wait_quiet(settle_s: float, max_busy: float, max_wait_s: float) -> dict:
     """Sleep `settle_s` (a finished worker's pools wind down), then wait until the machine's busy
     share over a 0.2 s window is at most `max_busy`, for at most `max_wait_s`. Returns what was
-    seen: the last busy share and whether it got that quiet (recorded beside each sample)."""
+    seen (recorded beside each sample): the last busy share, any benchmark worker process still
+    alive (there must be none: ours exited, and someone else's run would share the cores), and
+    whether the window counts as quiet."""
     time.sleep(settle_s)
     start = time.perf_counter()
     busy = busy_fraction()
     while busy is not None and busy > max_busy and time.perf_counter() - start < max_wait_s:
         busy = busy_fraction()
-    return {"busy": busy, "quiet": busy is None or busy <= max_busy}
+    others = live_workers()
+    return {"busy": busy, "quiet": (busy is None or busy <= max_busy) and not others, "other_workers": others}

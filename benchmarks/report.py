@@ -307,7 +307,7 @@ def environment_lines(results: dict) -> list[str]:
 
 def quiet_lines(results: dict) -> list[str]:
     opts = results.get("options") or {}
-    total = not_quiet = unclean = 0
+    total = not_quiet = unclean = others = 0
     worst = 0.0
     for net in results["networks"]:
         for ph in net["phases"]:
@@ -315,12 +315,13 @@ def quiet_lines(results: dict) -> list[str]:
             total += q.get("windows", 0)
             not_quiet += q.get("not_quiet", 0)
             unclean += q.get("unclean_exits", 0)
+            others += q.get("other_workers", 0)
             worst = max(worst, q.get("max_busy") or 0.0)
     return [f"One worker process at a time: {total} windows (each a process's whole life: set-up, warm-up, "
             f"one sample), each after the previous worker had exited, a {opts.get('settle_s', '?')} s settle "
             f"and a wait for the machine to be at most {100 * opts.get('max_busy', 0):.0f} % busy. "
             f"{not_quiet} windows started on a busier machine (up to {100 * worst:.0f} % busy); "
-            f"{unclean} workers did not exit cleanly."
+            f"{unclean} workers did not exit cleanly; {others} windows saw another benchmark worker alive."
             + (" **These numbers were not taken on a quiet machine.**" if not_quiet else "")]
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from . import engine, reference, report
 from .engine import ROOT, SHARED, NetSpec, Options
 from .environment import machine_info
+from .onnx_models import ONNX_EXPORTERS
 
 PJ = SHARED / "cfg" / "pjreddie"
 AB = SHARED / "cfg" / "alexeyab"
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-batch", type=int, help="batch of the training step for cfgs given by path")
     ap.add_argument("--contenders", default="darkpy,torch,torch-cl,onnxruntime",
                     help="comma-separated subset of darkpy,torch,torch-cl,onnxruntime (darkpy always runs)")
-    ap.add_argument("--onnx-from", choices=sorted(engine.ONNX_EXPORTERS), default="torch",
+    ap.add_argument("--onnx-from", choices=sorted(ONNX_EXPORTERS), default="torch",
                     help="where onnxruntime's model comes from (default: the torch translation)")
     ap.add_argument("--darkpy-as", choices=["command", "library"], default="command",
                     help="command: darkpy's worker sets what the `darkpy` command sets for itself (default); "

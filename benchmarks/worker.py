@@ -295,6 +295,7 @@ class OrtRunner:
         self.input_name = self.sess.get_inputs()[0].name
         self.names = [o.name for o in self.sess.get_outputs()]
         self.x = np.load(job["input"])
+        self.job = job
         self.options = {"intra_op_num_threads": so.intra_op_num_threads, "inter_op_num_threads": 1,
                         "execution_mode": "sequential", "graph_optimization_level": "all",
                         "providers": self.sess.get_providers(), "version": ort.__version__,
@@ -305,8 +306,10 @@ class OrtRunner:
 
     def check(self, out: str, all_layers: bool) -> dict:
         outs = self.sess.run(self.names, {self.input_name: self.x})
-        # outputs are named "layer<i>" by the exporters (see torch_model.export_onnx)
-        np.savez(out, **{name.removeprefix("layer"): o.reshape(len(self.x), -1) for name, o in zip(self.names, outs)})
+        layers = self.job["onnx_outputs"]       # the darkpy layer of each output, in order (onnx_models.py)
+        if len(layers) != len(outs):
+            raise RuntimeError(f"the ONNX model has {len(outs)} outputs ({self.names}); expected the layers {layers}")
+        np.savez(out, **{str(i): o.reshape(len(self.x), -1) for i, o in zip(layers, outs)})
         return {"heads": None}
 
 
