@@ -104,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="wait before each sample until the machine is at most this busy (default 0.10)")
     ap.add_argument("--no-startup", action="store_true", help="skip the darkpy predict start-up timing")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="folder for the results")
-    ap.add_argument("--publish", action="store_true", help="also write benchmarks/RESULTS.md")
+    ap.add_argument("--publish", action="store_true",
+                    help="also write benchmarks/RESULTS.md (refused when some sample window was not quiet)")
+    ap.add_argument("--publish-noisy", action="store_true",
+                    help="with --publish: publish even when some windows were not quiet (they are marked)")
     ap.add_argument("--keep-temp", action="store_true", help="keep the temporary folder (weights, outputs)")
     ap.add_argument("--render", type=Path, metavar="JSON",
                     help="measure nothing: write the Markdown of a saved results file (with --publish too)")
@@ -162,7 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     results["wall_s"] = time.perf_counter() - t_start
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latest.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-    write_markdown(results, args.out, args.publish)
+    publish = args.publish
+    noisy = sum((ph.get("quiet") or {}).get("not_quiet", 0) for net in results["networks"] for ph in net["phases"])
+    if publish and noisy and not args.publish_noisy:
+        print(f"NOT publishing: {noisy} sample windows started on a busy machine (see latest.md); rerun on a "
+              "quiet machine, or pass --publish-noisy", file=sys.stderr)
+        publish = False
+    write_markdown(results, args.out, publish)
     print(f"wrote {args.out / 'latest.json'} and latest.md ({results['wall_s']:.0f} s)", file=sys.stderr)
     return 0
 
