@@ -1,312 +1,74 @@
-"""How the suite measures: one worker process per contender, outputs checked equal first, then
-alternating timed runs.
+"""How the suite measures: contenders one at a time, each sample in its own process and its own
+quiet window, outputs checked equal first.
 
-Contenders: `darkpy`, `torch` (NCHW) and `torch-cl` (torch with `channels_last`); the faster torch
-layout is darkpy's peer. Each runs in its own process (`python -m benchmarks.engine KIND`, driven by
-JSON lines on stdin/stdout) so peak memory (VmHWM) is each one's own, and the torch process
-never imports darkpy or numba: it gets the network as `torch_model.layer_spec` dicts. Every process is
-started fresh per (network, phase), so a phase's peak memory is that phase's. Only one process
-computes at a time: the parent asks each in turn for one timed sample, rotating the order every
-round, so a change of machine load hits every contender alike.
+Contenders: `darkpy`, `torch` (NCHW), `torch-cl` (torch with `channels_last`) and, for inference,
+`onnxruntime` (CPU provider) on the network exported to ONNX (`onnx_models.ONNX_EXPORTERS`: from
+the torch translator, or from darkpy's own exporter once it exists). The faster torch layout is darkpy's
+PyTorch peer.
 
-Both frameworks get the same thread count (default 2, one per core): darkpy through
-`darkpy.train.configure_threads` (numba and BLAS), torch through `torch.set_num_threads`. Worker
-processes run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (this workplace sets them for old
-OpenBLAS builds, and they slow numpy's current one); the BLAS kernel in use is recorded.
+Fairness, in order of what it rules out:
+- **Same environment.** Every worker process (`python -m benchmarks.worker KIND`, see there) gets
+  `environment.worker_env`: built from nothing, the same for all, with the thread counts set
+  explicitly; never a copy of this parent's `os.environ`. The parent imports darkpy (to build the
+  weights) and importing darkpy changes nothing, but anything the user's shell set to tune a
+  runtime (OPENBLAS_CORETYPE, OMP_WAIT_POLICY, ...) is dropped too, and recorded. Each worker
+  reports what it actually runs with (`runtime`: threads, OpenMP/OpenBLAS variables, BLAS kernel).
+  The darkpy worker sets for itself what the `darkpy` command sets (darkpy/process.py), unless
+  `--darkpy-as library`.
+- **Never two at once.** Only one worker process exists at any time: each sample starts its
+  contender's process, sets it up, warms it up, takes ONE timed sample (the op repeated until it
+  lasts >= min_sample_s), and the process quits; the parent checks that it has exited, waits a
+  settle period (a pool's spinning threads stop with their process, but the OS needs a moment) and
+  until the machine looks idle (/proc/stat), and records that busy share beside the sample. The
+  contenders' order rotates every round.
+- **Same outputs.** Before any timing, every contender's outputs are compared with darkpy's (every
+  layer at batch-1 inference for torch; the heads and softmax logits otherwise and for ONNX Runtime;
+  the training loss); one that disagrees is not timed.
 """
 from __future__ import annotations
 
 import json
 import os
 import pickle
-import platform
-import re
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from .environment import ROOT, wait_quiet, worker_env
+from .worker import check_picks
+
 SHARED = Path(os.environ.get("DARKPY_SHARED", ROOT.parent / "shared")).resolve()
-CONTENDERS = ("darkpy", "torch", "torch-cl")
 #: Environment variable naming a built Darknet executable (the C reference); skipped when unset.
 DARKNET_ENV = "DARKPY_BENCH_DARKNET"
-PAUSE_S = 0.05          # between two contenders' samples, so one's spinning threads never overlap
+TORCH_KINDS = ("torch", "torch-cl")
 
 
-def worker_env(threads: int, **extra: str) -> dict[str, str]:
-    """The environment of every measured process (see the module docstring)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-    env["OMP_NUM_THREADS"] = str(threads)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.update(extra)
-    return env
+class Unavailable(Exception):
+    """A contender cannot run this phase (say why in the results)."""
 
-
-# =====================================================================================================
-# Worker side: runs inside `python -m benchmarks.engine KIND`
-# =====================================================================================================
-
-class DarkpyRunner:
-    """darkpy's side of a phase: the network at the phase's batch, its op, per-layer timing."""
-
-    def __init__(self, job: dict):
-        from darkpy.cfg import CfgWarning, load_cfg
-        from darkpy.network import Network
-        from darkpy.train import configure_threads
-
-        configure_threads(job["threads"])
-        doc = load_cfg(job["cfg"])
-        for key, value in job["edits"].items():
-            doc.set(key, value)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", CfgWarning)
-            self.net = Network(doc, batch=job["batch"])
-        self.net.load_weights(job["weights"])
-        self.job = job
-        self.x = np.load(job["input"])
-        self.truth = None
-        if job["labels"]:
-            labels = np.load(job["labels"])
-            self.truth = np.zeros((len(labels), self.net.truths), np.float32)
-            self.truth[np.arange(len(labels)), labels] = 1
-        self.heads = sorted({self.net.output_layer.index}
-                            | {l.index for l in self.net.layers if l.kind == "yolo"})
-
-    def buffers(self) -> dict:
-        """darkpy's allocated buffers by role, in MB (allocated, not necessarily touched: np.zeros
-        pages count toward RSS only once written)."""
-        out = {"output": 0, "delta": 0, "other": 0}
-        for layer in self.net.layers:
-            out["output"] += layer.output.nbytes
-            out["delta"] += layer.delta.nbytes
-            extra = getattr(layer, "extra_buffers", None)
-            out["other"] += sum(a.nbytes for a in extra()) if extra else 0
-            out["other"] += sum(p.value.nbytes + p.grad.nbytes for p in layer.params)
-        try:
-            from darkpy.kernels import im2col
-            out["workspace"] = sum(ws.nbytes for ws in getattr(im2col, "_WORKSPACES", {}).values())
-        except ImportError:
-            pass
-        return {k: v / 2 ** 20 for k, v in out.items()}
-
-    def op(self) -> None:
-        if self.job["mode"] == "train":
-            self.net.forward(self.x, self.truth, train=True)
-            self.net.backward()
-            self.net.update(self.job["rate"])
-        else:
-            self.net.forward(self.x)
-
-    def check(self, out: str, all_layers: bool) -> dict:
-        t0 = time.perf_counter()
-        self.net.forward(self.x)
-        took = time.perf_counter() - t0
-        picks = range(len(self.net.layers)) if all_layers else check_picks(
-            [l.kind for l in self.net.layers], self.heads)
-        np.savez(out, **{str(i): self.net.layers[i].output.reshape(len(self.x), -1) for i in picks})
-        reply = {"heads": self.heads, "s": took}
-        if self.truth is not None:
-            self.net.forward(self.x, self.truth, train=True)     # loss only: no backward, no update
-            reply["loss"] = self.net.cost
-        return reply
-
-    def layers(self, n: int = 1) -> dict:
-        """`n` ops with every layer's forward (and backward) and the update timed; per-layer
-        medians over the ops, and the mean wall time of one op."""
-        nl = len(self.net.layers)
-        fwd = np.zeros((n, nl))
-        bwd = np.zeros((n, nl))
-        update = np.zeros(n)
-
-        def timed(fn, store, i):
-            def run(s):
-                t0 = time.perf_counter()
-                fn(s)
-                store[k, i] += time.perf_counter() - t0
-            return run
-
-        for i, layer in enumerate(self.net.layers):
-            layer.forward = timed(layer.forward, fwd, i)
-            layer.backward = timed(layer.backward, bwd, i)
-        start = time.perf_counter()
-        try:
-            for k in range(n):
-                if self.job["mode"] == "train":
-                    self.net.forward(self.x, self.truth, train=True)
-                    self.net.backward()
-                    t0 = time.perf_counter()
-                    self.net.update(self.job["rate"])
-                    update[k] = time.perf_counter() - t0
-                else:
-                    self.net.forward(self.x)
-        finally:
-            total = time.perf_counter() - start
-            for layer in self.net.layers:
-                del layer.forward, layer.backward       # back to the class's methods
-        train = self.job["mode"] == "train"
-        return {"fwd": np.median(fwd, 0).tolist(), "bwd": np.median(bwd, 0).tolist() if train else None,
-                "update": float(np.median(update)), "s": total / n}
-
-
-class TorchRunner:
-    """torch's side of a phase, in NCHW or channels_last."""
-
-    def __init__(self, job: dict, channels_last: bool):
-        import torch
-
-        from .torch_model import TorchNet, make_optimizer
-
-        self.torch = torch
-        torch.set_num_threads(job["threads"])
-        torch.manual_seed(0)
-        with open(job["spec"], "rb") as f:
-            specs = pickle.load(f)
-        self.model = TorchNet(specs)
-        del specs
-        fmt = torch.channels_last if channels_last else torch.contiguous_format
-        self.model = self.model.to(memory_format=fmt)
-        self.x = torch.from_numpy(np.load(job["input"])).contiguous(memory_format=fmt)
-        self.job = job
-        self.labels = torch.from_numpy(np.load(job["labels"])) if job["labels"] else None
-        if job["mode"] == "train":
-            self.model.train()
-            self.opt = make_optimizer(self.model, job["rate"], job["momentum"], job["decay"])
-        else:
-            self.model.eval()
-
-    def op(self) -> None:
-        if self.job["mode"] == "train":
-            self.opt.zero_grad(set_to_none=True)
-            self.model.loss(self.x, self.labels, self.job["batch"]).backward()
-            self.opt.step()
-        else:
-            with self.torch.inference_mode():
-                self.model(self.x)
-
-    def check(self, out: str, all_layers: bool) -> dict:
-        torch = self.torch
-        training = self.model.training
-        self.model.eval()
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            outs = self.model(self.x, keep_all=True)
-        took = time.perf_counter() - t0
-        picks = range(len(outs)) if all_layers else check_picks([st.kind for st in self.model.steps],
-                                                                self.model.heads)
-        np.savez(out, **{str(i): outs[i].contiguous().reshape(len(self.x), -1).numpy() for i in picks})
-        reply = {"heads": self.model.heads, "s": took}
-        if self.labels is not None:
-            self.model.train()
-            with torch.no_grad():
-                reply["loss"] = float(self.model.loss(self.x, self.labels, 1))
-        self.model.train(training)
-        return reply
-
-    def layers(self, n: int = 1) -> dict:
-        """`n` inference forwards with every step timed (training is not timed per layer): per-step
-        medians, and the mean wall time of one forward."""
-        t0 = time.perf_counter()
-        with self.torch.inference_mode():
-            fwd = [self.model.forward_timed(self.x) for _ in range(n)]
-        return {"fwd": np.median(np.array(fwd), 0).tolist(), "bwd": None, "update": 0.0,
-                "s": (time.perf_counter() - t0) / n}
-
-
-def check_picks(kinds: list[str], heads: list[int]) -> list[int]:
-    """The outputs compared at the larger batches: the heads, and the logits feeding a softmax head
-    (a saturated softmax alone would hide differences)."""
-    return sorted(set(heads) | {h - 1 for h in heads if kinds[h] == "softmax" and h > 0})
-
-
-def sgemm_rate(n: int = 1024, reps: int = 3) -> float:
-    """numpy's float32 GEMM rate now, in GFLOP/s (best of `reps`): what BLAS gets under the current
-    machine load, measured beside the samples it is compared with."""
-    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
-    c = np.empty_like(a)
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        np.matmul(a, a, out=c)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best / 1e9
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory. /proc's VmHWM, not getrusage's ru_maxrss: Linux carries
-    the parent's peak over fork+exec into ru_maxrss, so every worker would report at least the
-    parent's size."""
-    try:
-        with open("/proc/self/status") as f:
-            m = re.search(r"VmHWM:\s*(\d+)\s*kB", f.read())
-        if m:
-            return int(m.group(1)) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def worker_main(kind: str) -> None:
-    """Serve one contender: read a JSON request per line, answer one JSON line each."""
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)                      # anything else printed (by us or by C code) goes to stderr
-    runner = None
-    for line in sys.stdin:
-        msg = json.loads(line)
-        op = msg.pop("op")
-        try:
-            if op == "quit":
-                break
-            if op == "setup":
-                t0 = time.perf_counter()
-                runner = DarkpyRunner(msg) if kind == "darkpy" else TorchRunner(msg, kind == "torch-cl")
-                reply = {"setup_s": time.perf_counter() - t0}
-            elif op == "run":
-                t0 = time.perf_counter()
-                for _ in range(msg["n"]):
-                    runner.op()
-                reply = {"s": (time.perf_counter() - t0) / msg["n"]}
-            elif op == "sgemm":
-                reply = {"gflops": sgemm_rate()}
-            elif op == "rss":
-                reply = {"maxrss_mb": peak_rss_mb()}
-                if hasattr(runner, "buffers"):
-                    reply["darkpy_buffers_mb"] = runner.buffers()
-            else:
-                reply = getattr(runner, op)(**msg)
-        except Exception:
-            reply = {"error": traceback.format_exc()}
-        proto.write(json.dumps(reply) + "\n")
-
-
-# =====================================================================================================
-# Parent side
-# =====================================================================================================
 
 class WorkerError(RuntimeError):
     pass
 
 
 class Worker:
-    """A contender's process, asked one request at a time."""
+    """A contender's process, asked one request at a time; `close` makes sure it has exited."""
 
-    def __init__(self, kind: str, threads: int):
+    def __init__(self, kind: str, opts: Options):
         self.kind = kind
         self.log = tempfile.TemporaryFile(mode="w+")
-        # darkpy's process gets the OpenBLAS setting the `darkpy` command makes for itself (see
-        # darkpy/__init__.py; here numpy is imported before darkpy, too late for that line)
-        extra = {"OPENBLAS_THREAD_TIMEOUT": "4"} if kind == "darkpy" else {}
-        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.engine", kind], cwd=ROOT,
-                                     env=worker_env(threads, **extra), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True)
+        cmd = [sys.executable, "-m", "benchmarks.worker", kind]
+        if kind == "darkpy" and opts.darkpy_as == "library":
+            cmd += ["--darkpy-as", "library"]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=worker_env(opts.threads), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
 
     def call(self, op: str, **args) -> dict:
         try:
@@ -323,16 +85,27 @@ class Worker:
             raise WorkerError(f"{self.kind} {op} failed:\n{reply['error']}")
         return reply
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Ask the process to quit, wait for it, and confirm it is gone (True when it exited cleanly)."""
+        clean = True
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
                 self.proc.stdin.close()
-                self.proc.wait(timeout=30)
-            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.proc.wait(timeout=60)
+            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+                clean = False
                 self.proc.kill()
                 self.proc.wait()
+        try:
+            os.kill(self.proc.pid, 0)       # reaped by wait(): the pid must be gone
+            clean = False
+        except ProcessLookupError:
+            pass
+        except PermissionError:         # the pid was reused by someone else's process
+            pass
         self.log.close()
+        return clean and self.proc.returncode == 0
 
 
 @dataclass
@@ -350,10 +123,16 @@ class NetSpec:
 @dataclass
 class Options:
     threads: int = 2
-    reps: int = 5                       # timed rounds per phase (at most)
-    budget_s: float = 60.0              # per phase: fewer rounds when one round takes longer
+    reps: int = 5                       # timed rounds per phase (one sample per contender each)
     min_sample_s: float = 0.3           # a sample repeats the op until it lasts this long
+    warm_s: float = 0.3                 # warm-up in each process before its sample
+    settle_s: float = 1.0               # after a worker exits, before the next starts
+    max_busy: float = 0.10              # the machine counts as quiet below this busy share ...
+    max_wait_s: float = 10.0            # ... waited for at most this long (then recorded as not quiet)
     infer_batch: int = 64
+    onnx_from: str = "torch"            # which exporter feeds onnxruntime (ONNX_EXPORTERS)
+    darkpy_as: str = "command"          # "command": the darkpy worker sets what `darkpy` sets; "library"
+    contenders: tuple = ("darkpy", "torch", "torch-cl", "onnxruntime")
     tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="darkpy-bench-")))
     log: object = sys.stderr
 
@@ -389,16 +168,29 @@ def sane_weights(layers, seed: int = 0) -> None:
             biases.value[...] = rng.normal(0, 0.1, biases.value.shape)
 
 
+def layer_desc(layer) -> str:
+    """A convolution's shape in one phrase (for the per-layer tables): `3x3/1 32->64 on 16x16`."""
+    if layer.kind != "convolutional":
+        return ""
+    c, h, w = layer.in_shape
+    g = f" g{layer.groups}" if getattr(layer, "groups", 1) != 1 else ""
+    return f"{layer.size}x{layer.size}/{layer.stride_x} {c}->{layer.n} on {h}x{w}{g}"
+
+
 @dataclass
 class Prepared:
     weights: str
     spec: str | None                    # pickled layer specs for torch (None: not translatable)
-    unsupported: str | None
+    unsupported: str | None             # why torch cannot run it (inference)
+    train_unsupported: str | None       # why torch cannot train it
     input_shape: tuple
     classes: int
     flops: float                        # forward FLOPs per image (Darknet's count: conv + connected)
     conv_flops: float
     layer_rows: list                    # (index, kind, out_shape, flops) per layer
+    descs: list                         # layer_desc per layer
+    heads: list                         # the output layer and every yolo layer
+    detector: dict | None               # yolo heads: what random truth needs (max boxes, classes)
     momentum: float
     decay: float
 
@@ -417,8 +209,6 @@ def prepare(spec: NetSpec, opts: Options) -> Prepared:
     from darkpy.network import build_layers
     from darkpy.weights import save_weights
 
-    from .torch_model import TorchNet, Unsupported, layer_spec
-
     doc = load_cfg(spec.cfg)
     for key, value in edits_for(spec, 1).items():
         doc.set(key, value)
@@ -429,19 +219,44 @@ def prepare(spec: NetSpec, opts: Options) -> Prepared:
     base = opts.tmp / spec.name
     weights = f"{base}.weights"
     save_weights(SimpleNamespace(layers=layers, seen=0), weights)
-    spec_path, unsupported = f"{base}.torch.pkl", None
-    try:
-        specs = [layer_spec(l) for l in layers]
-        TorchNet(specs)                 # every layer translates (else say why, and time darkpy alone)
-        with open(spec_path, "wb") as f:
-            pickle.dump(specs, f)
-    except Unsupported as e:
-        spec_path, unsupported = None, str(e)
+    spec_path, unsupported, train_unsupported = translate(layers, f"{base}.torch.pkl")
     out = max((l for l in layers if l.kind != "cost"), key=lambda l: l.index)
     rows = [(l.index, l.kind, tuple(l.out_shape), float(l.flops())) for l in layers]
-    return Prepared(weights, spec_path, unsupported, tuple(config.input_shape), out.outputs,
+    yolos = [l for l in layers if l.kind == "yolo"]
+    detector = {"max_boxes": max(l.max_boxes for l in yolos), "classes": yolos[0].classes} if yolos else None
+    return Prepared(weights, spec_path, unsupported, train_unsupported, tuple(config.input_shape), out.outputs,
                     sum(r[3] for r in rows), sum(r[3] for r in rows if r[1] == "convolutional"), rows,
+                    [layer_desc(l) for l in layers], sorted({out.index} | {l.index for l in yolos}), detector,
                     config.momentum, config.decay)
+
+
+def translate(layers, path: str) -> tuple[str | None, str | None, str | None]:
+    """Pickle the torch translation's layer specs; say why torch cannot run (or train) the net."""
+    try:
+        from .torch_model import TorchNet, Unsupported, layer_spec
+    except ImportError as e:
+        return None, f"torch not importable ({e})", "torch not importable"
+    try:
+        specs = [layer_spec(l) for l in layers]
+        model = TorchNet(specs)         # every layer translates (else say why, and time darkpy alone)
+    except Unsupported as e:
+        return None, str(e), str(e)
+    with open(path, "wb") as f:
+        pickle.dump(specs, f)
+    return path, None, model.train_unsupported()
+
+
+def random_truth(rng: np.random.Generator, batch: int, detector: dict) -> np.ndarray:
+    """Detector truth rows as darkpy reads them: 1-6 random boxes per image (x, y, w, h, class),
+    the rest zero (the list ends at the first x == 0)."""
+    truth = np.zeros((batch, 5 * detector["max_boxes"]), np.float32)
+    for b in range(batch):
+        k = int(rng.integers(1, min(6, detector["max_boxes"]) + 1))
+        boxes = np.column_stack([rng.uniform(0.05, 0.95, k), rng.uniform(0.05, 0.95, k),
+                                 rng.uniform(0.05, 0.6, k), rng.uniform(0.05, 0.6, k),
+                                 rng.integers(0, detector["classes"], k)])
+        truth[b, :5 * k] = boxes.reshape(-1)
+    return truth
 
 
 # -- one phase ---------------------------------------------------------------------------------------
@@ -452,11 +267,14 @@ def _summary(samples: list[float], batch: int) -> dict:
             "images_per_s": batch / med}
 
 
-def compare(a_path: str, b_path: str) -> dict:
-    """Largest difference of every saved output, relative to that output's largest magnitude."""
+def compare(ref_path: str, got_path: str) -> dict:
+    """Largest difference of every output the contender saved, relative to that output's largest
+    magnitude in darkpy's (the reference, which saves at least as many)."""
     worst, worst_at, n = 0.0, None, 0
-    with np.load(a_path) as a, np.load(b_path) as b:
-        for key in a.files:
+    with np.load(ref_path) as a, np.load(got_path) as b:
+        for key in b.files:
+            if key not in a.files:
+                return {"ok": False, "why": f"layer {key}: not among darkpy's saved outputs"}
             x, y = a[key], b[key]
             if x.shape != y.shape:
                 return {"ok": False, "why": f"layer {key}: shapes {x.shape} and {y.shape}"}
@@ -467,21 +285,19 @@ def compare(a_path: str, b_path: str) -> dict:
             if err >= worst:
                 worst, worst_at = err, int(key)
             n += 1
+    if n == 0:
+        return {"ok": False, "why": "no output compared"}
     return {"ok": worst <= 1e-3, "max_rel_err": worst, "worst_layer": worst_at, "outputs_compared": n}
 
 
 def run_phase(spec: NetSpec, prep: Prepared, mode: str, batch: int, opts: Options) -> dict:
-    """One (network, mode, batch): start the contenders, check their outputs agree, time them."""
+    """One (network, mode, batch): check the contenders' outputs agree, then time them."""
     phase = Phase(spec, prep, mode, batch, opts)
-    try:
-        phase.start()
-        for step in (phase.check, phase.time, phase.finish):
-            if "darkpy" not in phase.workers:       # darkpy failed: nothing to compare against
-                break
-            step()
-    finally:
-        for w in phase.workers.values():
-            w.close()
+    phase.start()
+    for step in (phase.check, phase.time, phase.finish):
+        if "darkpy" not in phase.kinds:         # darkpy failed: nothing to compare against
+            break
+        step()
     return phase.result
 
 
@@ -492,25 +308,55 @@ class Phase:
     def __init__(self, spec: NetSpec, prep: Prepared, mode: str, batch: int, opts: Options):
         self.spec, self.prep, self.mode, self.batch, self.opts = spec, prep, mode, batch, opts
         self.name = f"{mode} b{batch}"
-        self.result: dict = {"phase": self.name, "mode": mode, "batch": batch, "contenders": {}}
-        self.workers: dict[str, Worker] = {}
+        self.result: dict = {"phase": self.name, "mode": mode, "batch": batch, "contenders": {}, "windows": []}
+        self.kinds: list[str] = []
         self.checks: dict[str, tuple[str, dict]] = {}
+        self.job: dict = {}
 
     def _drop(self, kind: str, error: str) -> None:
         self.result["contenders"].setdefault(kind, {})["error"] = error
-        w = self.workers.pop(kind, None)
-        if w is not None:
-            w.close()
+        if kind in self.kinds:
+            self.kinds.remove(kind)
 
-    def _ask(self, kind: str, op: str, **args) -> dict | None:
+    def _skip(self, kind: str, why: str) -> None:
+        self.result["contenders"].setdefault(kind, {})["skipped"] = why
+
+    def session(self, kind: str, script, record: bool = True, drop: bool = True):
+        """One worker's whole life, alone on the machine: wait for a quiet window, start the
+        process, set it up, run `script(worker)` (a list of (op, args) or a function), make sure the
+        process has exited. When it fails: None and the contender dropped (`drop`), else Unavailable."""
+        o = self.opts
+        window = wait_quiet(o.settle_s, o.max_busy, o.max_wait_s)
+        window.update(kind=kind, t=time.time())
+        w = Worker(kind, o)
         try:
-            return self.workers[kind].call(op, **args)
+            setup = w.call("setup", **self.job_for(kind))
+            if callable(script):
+                out = script(w)
+            else:
+                out = [w.call(op, **args) for op, args in script]
         except WorkerError as e:
+            w.close()
+            if not drop:
+                raise Unavailable(str(e)) from None
             self._drop(kind, str(e))
             return None
+        window["exited_cleanly"] = w.close()
+        window["setup_s"] = setup["setup_s"]
+        if record:
+            self.result["windows"].append(window)
+        if isinstance(out, dict):
+            out["window"] = window
+        return out
+
+    def job_for(self, kind: str) -> dict:
+        job = dict(self.job)
+        if kind == "onnxruntime":
+            job.update(onnx=self.onnx, onnx_outputs=self.onnx_outputs, onnx_source=self.opts.onnx_from)
+        return job
 
     def start(self) -> None:
-        """Write the input (and labels), start each contender in turn (set-up computes, untimed)."""
+        """Write the input (and labels or truth), pick the contenders, export ONNX if needed."""
         spec, prep, batch, tmp = self.spec, self.prep, self.batch, self.opts.tmp
         rng = np.random.default_rng(batch + (1000 if self.mode == "train" else 0))
         stem = f"{spec.name}.{self.mode}{batch}"
@@ -519,29 +365,59 @@ class Phase:
         labels = None
         if self.mode == "train":
             labels = tmp / f"{stem}.y.npy"
-            np.save(labels, rng.integers(0, prep.classes, batch))
-        job = {"cfg": str(spec.cfg), "edits": edits_for(spec, batch), "weights": prep.weights,
-               "spec": prep.spec, "batch": batch, "mode": self.mode, "threads": self.opts.threads,
-               "input": str(inp), "labels": str(labels) if labels else None, "rate": TRAIN_RATE,
-               "momentum": prep.momentum, "decay": prep.decay}
-        if not prep.spec:
-            self.result["torch_skipped"] = prep.unsupported
-        for kind in [k for k in CONTENDERS if k == "darkpy" or prep.spec]:
-            self.workers[kind] = Worker(kind, self.opts.threads)
-            reply = self._ask(kind, "setup", **job)
-            if reply:
-                self.result["contenders"][kind] = {"setup_s": reply["setup_s"]}
+            y = random_truth(rng, batch, prep.detector) if prep.detector else rng.integers(0, prep.classes, batch)
+            np.save(labels, y)
+        self.job = {"cfg": str(spec.cfg), "edits": edits_for(spec, batch), "weights": prep.weights,
+                    "spec": prep.spec, "batch": batch, "mode": self.mode, "threads": self.opts.threads,
+                    "input": str(inp), "labels": str(labels) if labels else None, "rate": TRAIN_RATE,
+                    "momentum": prep.momentum, "decay": prep.decay}
+        wanted = self.opts.contenders
+        self.kinds = ["darkpy"]
+        torch_why = prep.unsupported or (prep.train_unsupported if self.mode == "train" else None)
+        for kind in TORCH_KINDS:
+            if kind in wanted:
+                if torch_why:
+                    self._skip(kind, torch_why)
+                    self.result["torch_skipped"] = torch_why
+                else:
+                    self.kinds.append(kind)
+        if "onnxruntime" in wanted:
+            if self.mode != "infer":
+                pass                            # an inference engine: not a training contender
+            else:
+                self.onnx_outputs = check_picks([r[1] for r in prep.layer_rows], prep.heads)
+                self.onnx = str(tmp / f"{stem}.onnx")
+                try:
+                    from .onnx_models import ONNX_EXPORTERS
+
+                    ONNX_EXPORTERS[self.opts.onnx_from](self, self.onnx, self.onnx_outputs)
+                    self.kinds.append("onnxruntime")
+                    self.result["onnx"] = {"source": self.opts.onnx_from, "outputs": self.onnx_outputs,
+                                           "mb": os.path.getsize(self.onnx) / 2 ** 20}
+                except Unavailable as e:
+                    self._skip("onnxruntime", str(e))
+        for kind in self.kinds:
+            self.result["contenders"].setdefault(kind, {})
 
     def check(self) -> None:
-        """Outputs agree first: every layer at batch-1 inference, the heads otherwise, and the
-        training loss (when no dropout makes it random). A torch contender that disagrees is dropped."""
+        """Outputs agree first: every layer at batch-1 inference (torch), the heads and softmax
+        logits otherwise (and for ONNX Runtime), the training loss (when no dropout makes it
+        random). A contender that disagrees is dropped. Also records each one's runtime."""
         all_layers = self.mode == "infer" and self.batch == 1
-        for kind in list(self.workers):
+        for kind in list(self.kinds):
             path = str(self.opts.tmp / f"{self.spec.name}.{self.mode}{self.batch}.{kind}.npz")
-            reply = self._ask(kind, "check", out=path, all_layers=all_layers)
+
+            def script(w, path=path, kind=kind):
+                reply = w.call("check", out=path, all_layers=all_layers and kind != "onnxruntime")
+                reply["runtime"] = w.call("runtime")
+                return reply
+
+            reply = self.session(kind, script)
             if reply:
                 self.checks[kind] = (path, reply)
+                self.result["contenders"][kind]["runtime"] = reply["runtime"]
         if "darkpy" not in self.checks:
+            self.kinds = []
             return
         self.result["checks"] = {}
         has_dropout = any(r[1] == "dropout" for r in self.prep.layer_rows)
@@ -550,74 +426,83 @@ class Phase:
             loss_d, loss_t = self.checks["darkpy"][1].get("loss"), self.checks[kind][1].get("loss")
             if loss_d is not None and loss_t is not None:
                 c["train_loss"] = {"darkpy": loss_d, "torch": loss_t, "compared": not has_dropout}
-                if not has_dropout and abs(loss_d - loss_t) > 1e-2 * max(abs(loss_d), 1.0):
+                if not has_dropout and abs(loss_d - loss_t) > 1e-3 * max(abs(loss_d), 1.0):
                     c.update(ok=False, why=f"training loss darkpy {loss_d:.6g}, torch {loss_t:.6g}")
             self.result["checks"][kind] = c
             if not c["ok"]:
                 self._drop(kind, f"outputs differ from darkpy's: {c}")
 
     def time(self) -> None:
-        """Warm up (the check already ran every inference kernel once), size the samples so each
-        lasts >= min_sample_s, then alternate rounds, each after a short sgemm in darkpy's process
-        (the BLAS rate available under the load of that moment). The last round also times every layer (a clock
-        read per layer): for a slow op that instrumented op is the round's sample; fast ops take
-        their sample as usual and then as many instrumented ops for per-layer medians."""
-        inner, warm = {}, {}
-        for kind in list(self.workers):
-            t = self.checks[kind][1]["s"]
-            if self.mode == "train" or t < 1.0:     # backward not run yet, or a fast op: measure
-                reply = self._ask(kind, "run", n=1)
-                if reply is None:
-                    continue
-                t = reply["s"]
-            warm[kind] = t
-            inner[kind] = max(1, int(round(self.opts.min_sample_s / max(t, 1e-6))))
-            self.result["contenders"][kind].update(warmup_s=t, runs_per_sample=inner[kind])
-        per_round = sum(warm[k] * inner[k] for k in self.workers) + PAUSE_S * len(self.workers)
-        rounds = max(1, min(self.opts.reps, int(self.opts.budget_s // max(per_round, 1e-6))))
-        self.samples: dict[str, list[float]] = {k: [] for k in self.workers}
+        """`reps` rounds; in each, every contender in turn (rotating) gets its own process: warm-up,
+        ONE sample sized from the warm-up to last >= min_sample_s, and (darkpy) the sgemm rate of
+        that moment; the last round also times every layer (darkpy; torch at inference)."""
+        o = self.opts
+        self.samples: dict[str, list[float]] = {k: [] for k in self.kinds}
         self.tables: dict[str, dict] = {}
         self.sgemm: list[float] = []
-        order = list(self.workers)
-        for r in range(rounds):
-            last = r == rounds - 1
-            reply = self._ask("darkpy", "sgemm") if "darkpy" in self.workers else None
-            if reply:
-                self.sgemm.append(reply["gflops"])
+        self.rss: dict[str, list[dict]] = {k: [] for k in self.kinds}
+        order = list(self.kinds)
+        for r in range(o.reps):
+            last = r == o.reps - 1
             for kind in order[r % len(order):] + order[:r % len(order)]:
-                if kind not in self.workers:
+                if kind not in self.kinds:
                     continue
-                if last and (kind == "darkpy" or self.mode == "infer"):
-                    table = self._ask(kind, "layers", n=inner[kind])
-                    if table is None:
-                        continue
-                    self.tables[kind] = table
-                    if inner[kind] == 1:            # one slow op: the instrumented one is the sample
-                        self.samples[kind].append(table["s"])
-                        time.sleep(PAUSE_S)
-                        continue
-                reply = self._ask(kind, "run", n=inner[kind])
-                if reply is not None:
-                    self.samples[kind].append(reply["s"])
-                time.sleep(PAUSE_S)
+
+                def script(w, kind=kind, last=last):
+                    warm = w.call("warm", min_s=o.warm_s, min_ops=2)
+                    n = max(1, round(o.min_sample_s / max(warm["last_s"], 1e-6)))
+                    out = {"s": w.call("run", n=n)["s"], "n": n, "warm": warm}
+                    if kind == "darkpy":
+                        out["sgemm"] = w.call("sgemm")["gflops"]
+                    if last and (kind == "darkpy" or (self.mode == "infer" and kind in TORCH_KINDS)):
+                        out["layers"] = w.call("layers", n=max(1, min(n, 20)))
+                    out["rss"] = w.call("rss")
+                    return out
+
+                got = self.session(kind, script)
+                if got is None:
+                    continue
+                got["window"]["sample_s"] = got["s"]
+                self.samples[kind].append(got["s"])
+                self.rss[kind].append(got["rss"])
+                c = self.result["contenders"][kind]
+                c.setdefault("runs_per_sample", []).append(got["n"])
+                c.setdefault("warmup_ops", []).append(got["warm"]["ops"])
+                if "sgemm" in got:
+                    self.sgemm.append(got["sgemm"])
+                if "layers" in got:
+                    self.tables[kind] = got["layers"]
 
     def finish(self) -> None:
-        """Medians, the peer and the ratio, per-layer tables, GFLOP/s and peak memory."""
+        """Medians, the peers and the ratios, per-layer tables, GFLOP/s and peak memory."""
         result, prep, batch = self.result, self.prep, self.batch
         flops = prep.flops * batch * (3 if self.mode == "train" else 1)
         if self.sgemm:
             result["sgemm_gflops"] = statistics.median(self.sgemm)
-        timed = [k for k in self.workers if self.samples.get(k)]
+        timed = [k for k in self.kinds if self.samples.get(k)]
         for kind in timed:
             c = result["contenders"][kind]
             c.update(_summary(self.samples[kind], batch))
             c["gflops"] = flops / c["median_s"] / 1e9
-        torch_kinds = [k for k in timed if k != "darkpy"]
-        if torch_kinds and "darkpy" in timed:
-            peer = min(torch_kinds, key=lambda k: result["contenders"][k]["median_s"])
-            result["peer"] = peer
-            result["ratio"] = (result["contenders"]["darkpy"]["images_per_s"]
-                               / result["contenders"][peer]["images_per_s"])
+            rss = self.rss[kind]
+            c["maxrss_mb"] = max(x["maxrss_mb"] for x in rss)
+            if rss[-1].get("darkpy_buffers_mb"):
+                c["darkpy_buffers_mb"] = rss[-1]["darkpy_buffers_mb"]
+        torch_kinds = [k for k in timed if k in TORCH_KINDS]
+        if "darkpy" in timed:
+            ips = result["contenders"]["darkpy"]["images_per_s"]
+            if torch_kinds:
+                peer = min(torch_kinds, key=lambda k: result["contenders"][k]["median_s"])
+                result["peer"] = peer
+                result["ratio"] = ips / result["contenders"][peer]["images_per_s"]
+            if "onnxruntime" in timed:
+                result["ratio_ort"] = ips / result["contenders"]["onnxruntime"]["images_per_s"]
+        windows = result["windows"]
+        busy = [w["busy"] for w in windows if w.get("busy") is not None]
+        result["quiet"] = {"windows": len(windows), "not_quiet": sum(not w["quiet"] for w in windows),
+                           "other_workers": sum(bool(w.get("other_workers")) for w in windows),
+                           "max_busy": max(busy) if busy else None,
+                           "unclean_exits": sum(not w.get("exited_cleanly", True) for w in windows)}
         if "darkpy" in self.tables:
             per = {"darkpy": self.tables["darkpy"]}
             if result.get("peer") in self.tables:
@@ -627,17 +512,13 @@ class Phase:
                 result["conv_forward_gflops"] = conv_gflops(prep, per["darkpy"]["fwd"], batch)
                 if "torch" in per:
                     result["torch_conv_forward_gflops"] = conv_gflops(prep, per["torch"]["fwd"], batch)
-        for kind in list(self.workers):
-            reply = self._ask(kind, "rss")
-            if reply:
-                result["contenders"][kind].update(reply)
 
 
 def layer_table(prep: Prepared, table: dict, batch: int) -> list[dict]:
     rows = []
     for (index, kind, shape, flops) in prep.layer_rows:
         row = {"index": index, "kind": kind, "out_shape": list(shape), "mflop": flops * batch / 1e6,
-               "darkpy_fwd_ms": table["darkpy"]["fwd"][index] * 1e3}
+               "desc": prep.descs[index], "darkpy_fwd_ms": table["darkpy"]["fwd"][index] * 1e3}
         if table["darkpy"]["bwd"] is not None:
             row["darkpy_bwd_ms"] = table["darkpy"]["bwd"][index] * 1e3
         if "torch" in table and table["torch"]["fwd"] is not None:
@@ -676,12 +557,17 @@ def phase_line(r: dict) -> str:
         if "error" in c:
             last = [line for line in c["error"].strip().splitlines() if line.strip()][-1]
             parts.append(f"{kind}: ERROR ({last.strip()[:160]})")
+        elif "skipped" in c:
+            parts.append(f"{kind}: skipped ({c['skipped'][:80]})")
         elif "images_per_s" in c:
             parts.append(f"{kind} {c['images_per_s']:.1f} img/s")
     if "ratio" in r:
         parts.append(f"ratio {r['ratio']:.2f}x vs {r['peer']}")
-    if r.get("torch_skipped"):
-        parts.append(f"torch not run: {r['torch_skipped']}")
+    if "ratio_ort" in r:
+        parts.append(f"{r['ratio_ort']:.2f}x vs onnxruntime")
+    q = r.get("quiet") or {}
+    if q.get("not_quiet"):
+        parts.append(f"{q['not_quiet']} of {q['windows']} windows not quiet (busy up to {q['max_busy']:.0%})")
     return ", ".join(parts)
 
 
@@ -693,165 +579,3 @@ def _rel(p: Path) -> str:
         except ValueError:
             pass
     return str(p)
-
-
-# -- the machine ---------------------------------------------------------------------------------------
-
-SGEMM_SCRIPT = r"""
-import json, sys, time
-import numpy as np
-from threadpoolctl import threadpool_info, threadpool_limits
-
-def best_rate(mm, n, reps=5):
-    mm()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        mm()
-        times.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / min(times) / 1e9
-
-threads = int(sys.argv[1])
-threadpool_limits(threads)
-by_size = {}
-for n in (1024, 2048):
-    a, b = np.random.rand(n, n).astype(np.float32), np.random.rand(n, n).astype(np.float32)
-    c = np.empty_like(a)
-    by_size[n] = best_rate(lambda: np.matmul(a, b, out=c), n)
-info = [i for i in threadpool_info() if i.get("user_api") == "blas"]
-out = {"numpy_gflops": max(by_size.values()), "by_size": by_size,
-       "blas": {k: info[0].get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
-       if info else None}
-try:
-    import torch
-except ImportError:
-    pass
-else:
-    torch.set_num_threads(threads)
-    ta, tb = torch.rand(2048, 2048), torch.rand(2048, 2048)
-    out["torch_gflops"] = best_rate(lambda: torch.mm(ta, tb), 2048)
-print(json.dumps(out))
-"""
-
-
-def sgemm_peak(threads: int) -> dict:
-    """The machine's float32 GEMM rate at `threads` threads, through numpy's BLAS (the one darkpy
-    uses) and torch's, measured in a fresh process with the same environment as the workers."""
-    r = subprocess.run([sys.executable, "-c", SGEMM_SCRIPT, str(threads)], env=worker_env(threads),
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
-    if r.returncode != 0:
-        return {"error": r.stderr[-2000:]}
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def machine_info(threads: int) -> dict:
-    import numba
-    import numpy
-
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            m = re.search(r"model name\s*:\s*(.*)", f.read())
-            cpu = m.group(1).strip() if m else cpu
-    except OSError:
-        pass
-    versions = {"python": platform.python_version(), "numpy": numpy.__version__, "numba": numba.__version__}
-    try:
-        r = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"],
-                           capture_output=True, text=True, timeout=120)
-        versions["torch"] = r.stdout.strip() or None
-    except (OSError, subprocess.TimeoutExpired):
-        versions["torch"] = None
-    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(mem_gb, 1), "threads": threads,
-            "platform": platform.platform(), "versions": versions,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "loadavg_start": os.getloadavg()}
-
-
-# -- start-up of the darkpy command ------------------------------------------------------------------------
-
-def startup_bench(opts: Options, warm_runs: int = 3) -> dict:
-    """Cold start (fresh kernel cache: everything compiles) and warm start of `darkpy predict` as a
-    whole process, and whether the commands that need no kernel (`--help`, `summary`, `cfg check`)
-    ever compile one (they must leave a fresh NUMBA_CACHE_DIR empty)."""
-    from types import SimpleNamespace
-
-    from darkpy.cfg import load_cfg
-    from darkpy.network import build_layers
-    from darkpy.weights import save_weights
-
-    cfg = ROOT / "cfg" / "digits.cfg"
-    images = sorted((ROOT / "data" / "digits" / "test").glob("*.png"))
-    if not cfg.is_file() or not images:
-        return {"skipped": "cfg/digits.cfg or data/digits/test/*.png missing"}
-    _, layers = build_layers(load_cfg(cfg))
-    sane_weights(layers)
-    weights = str(opts.tmp / "startup-digits.weights")
-    save_weights(SimpleNamespace(layers=layers, seen=0), weights)
-
-    def run(args, cache: Path) -> tuple[float, str, int]:
-        env = worker_env(opts.threads, NUMBA_CACHE_DIR=str(cache))
-        t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "darkpy", *args], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=600)
-        return time.perf_counter() - t0, r.stdout + r.stderr, r.returncode
-
-    cache = opts.tmp / "numba-cache-predict"
-    predict = ["predict", "cfg/digits.cfg", weights, str(images[0])]
-    cold_s, cold_out, rc = run(predict, cache)
-    out = {"command": "darkpy predict cfg/digits.cfg W IMAGE", "cold_s": cold_s, "cold_rc": rc,
-           "cold_says_compiling": "compil" in cold_out.lower(),
-           "cold_cache_files": sum(1 for p in cache.rglob("*.nbi")),   # proves the cold run compiled
-           "cold_output_tail": cold_out[-600:]}
-    warm = [run(predict, cache)[0] for _ in range(warm_runs)]
-    out.update(warm_s=statistics.median(warm), warm_samples_s=warm)
-    out["no_kernel_commands"] = {}
-    for args in (["--help"], ["summary", "cfg/digits.cfg"], ["cfg", "check", "cfg/digits.cfg"]):
-        fresh = Path(tempfile.mkdtemp(prefix="numba-cache-", dir=opts.tmp))
-        t, _text, rc = run(args, fresh)
-        compiled = sorted(str(p.relative_to(fresh)) for p in fresh.rglob("*") if p.is_file())
-        out["no_kernel_commands"]["darkpy " + " ".join(args)] = {"s": t, "rc": rc, "compiled": len(compiled),
-                                                                 "files": compiled[:5]}
-    return out
-
-
-# -- the Darknet C reference ---------------------------------------------------------------------------------
-
-def darknet_reference(specs: list[NetSpec], opts: Options, darkpy_b1: dict[str, float]) -> dict:
-    """Batch-1 inference of each network by a user-built Darknet (`darknet speed CFG N`)."""
-    exe = os.environ.get(DARKNET_ENV)
-    if not exe:
-        return {"skipped": f"set {DARKNET_ENV}=/path/to/darknet to time the Darknet C reference"}
-    if not os.access(exe, os.X_OK):
-        return {"skipped": f"{DARKNET_ENV}={exe} is not an executable file"}
-    from darkpy.cfg import load_cfg
-
-    out = {"executable": exe, "networks": {}}
-    for spec in specs:
-        doc = load_cfg(spec.cfg)
-        for key, value in edits_for(spec, 1).items():
-            doc.set(key, value)
-        path = opts.tmp / f"{spec.name}.darknet.cfg"
-        path.write_text(doc.text())
-        # `speed` may time whole seconds only: run long enough (about 5 s at darkpy's pace)
-        tics = max(10, int(5.0 / max(darkpy_b1.get(spec.name, 0.05), 1e-3)))
-        try:
-            r = subprocess.run([exe, "speed", str(path), str(tics)], capture_output=True, text=True,
-                               timeout=600, cwd=opts.tmp, env=worker_env(opts.threads))
-        except subprocess.TimeoutExpired:
-            out["networks"][spec.name] = {"error": "timed out"}
-            continue
-        m = re.search(r"Speed:\s*([0-9.eE+-]+)\s*sec/eval", r.stdout + r.stderr)
-        if not m:
-            out["networks"][spec.name] = {"error": (r.stdout + r.stderr)[-500:]}
-            continue
-        sec = float(m.group(1))
-        out["networks"][spec.name] = {"sec_per_image": sec, "images_per_s": 1 / sec if sec > 0 else None,
-                                      "tics": tics}
-    return out
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] not in CONTENDERS:
-        sys.exit(f"usage: python -m benchmarks.engine {{{'|'.join(CONTENDERS)}}}  (a worker; see run.py)")
-    worker_main(sys.argv[1])

@@ -1,17 +1,21 @@
-"""Turn a results dict (see engine.py / run.py) into Markdown: the throughput table, convolution
-efficiency, start-up times, the Darknet reference, the targets of issue #5 (met or missed, and by how
-much) and the per-layer hotspots."""
+"""Turn a results dict (see engine.py / run.py) into Markdown: the throughput table, the environment
+every contender ran with, convolution efficiency (per network and the worst layers), start-up times,
+the Darknet reference, the targets of issue #9 (met or missed, and by how much) and the hotspots."""
 from __future__ import annotations
 
 from collections import defaultdict
 
-# Targets (issue #5), all on 2 cores and against PyTorch's faster memory layout.
-TRAIN_RATIO = 1.0
-INFER_B1_RATIO = 1.0
-INFER_BIG_RATIO = 0.8
-CONV_PEAK_SHARE = 0.5
+# Targets (issue #9), all at the same thread count, in one run.
+TRAIN_RATIO = 1.0           # darkpy / PyTorch's faster layout, training
+INFER_B1_RATIO = 1.0        # ... inference at batch 1
+INFER_BIG_RATIO = 1.0       # ... inference at batch 64
+ORT_B1_RATIO = 0.5          # darkpy / ONNX Runtime, inference at batch 1
+ORT_BIG_RATIO = 0.8         # ... at batch 64
+CONV_FWD_SHARE = 0.4        # every conv layer's forward at batch 64, share of the sgemm rate
+CONV_BWD_SHARE = 0.3        # ... its backward (training)
 WARM_START_S = 1.5
 COLD_START_S = 30.0
+WORST_LAYERS = 10
 
 
 def _num(v: float) -> str:
@@ -43,8 +47,9 @@ def _phase_peak(results: dict, ph: dict) -> float | None:
 
 def throughput_table(results: dict) -> list[str]:
     lines = ["| network | phase | darkpy img/s (min–max) | PyTorch img/s (min–max), layout | darkpy / PyTorch "
-             "| darkpy GFLOP/s (% of sgemm) | peak RSS MB darkpy / PyTorch | outputs equal |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| ONNX Runtime img/s (min–max) | darkpy / ONNX Runtime | darkpy GFLOP/s (% of sgemm) "
+             "| peak RSS MB darkpy / PyTorch / ORT | outputs equal |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for net in results["networks"]:
         for ph in net["phases"]:
             cs = ph["contenders"]
@@ -53,25 +58,29 @@ def throughput_table(results: dict) -> list[str]:
             d = cs.get("darkpy", {})
             peer = ph.get("peer")
             t = cs.get(peer, {}) if peer else {}
+            o = cs.get("onnxruntime", {})
             torch_cell = f"{_ips(t)}, {_peer_name(peer)}" if peer else _torch_missing(ph)
             ratio = f"**{ph['ratio']:.2f}×**" if "ratio" in ph else "–"
+            ort_cell = _ips(o) if "images_per_s" in o else ("skipped" if "skipped" in o else
+                                                            "error" if "error" in o else "–")
+            ratio_ort = f"**{ph['ratio_ort']:.2f}×**" if "ratio_ort" in ph else "–"
             gf = "–"
             peak = _phase_peak(results, ph)
             if "gflops" in d:
                 share = f" ({100 * d['gflops'] / peak:.0f} %)" if peak else ""
                 gf = f"{_num(d['gflops'])}{'*' if ph['mode'] == 'train' else ''}{share}"
-            rss = f"{d.get('maxrss_mb', 0):.0f} / " + (f"{t.get('maxrss_mb', 0):.0f}" if t else "–")
-            lines.append(f"| {net['name']} | {ph['phase']} | {_ips(d)} | {torch_cell} | {ratio} | {gf} | {rss} "
-                         f"| {_check_cell(ph)} |")
+            rss = " / ".join(f"{c['maxrss_mb']:.0f}" if "maxrss_mb" in c else "–" for c in (d, t, o))
+            lines.append(f"| {net['name']} | {ph['phase']} | {_ips(d)} | {torch_cell} | {ratio} | {ort_cell} "
+                         f"| {ratio_ort} | {gf} | {rss} | {_check_cell(ph)} |")
             for c in cs.values():
                 c.pop("phase_batch", None)
     lines.append("")
     lines.append("GFLOP/s counts Darknet's FLOPs (convolutional and connected layers); \\* training counts "
                  "3× the forward FLOPs (forward, input gradient, weight gradient). The % compares with numpy's "
-                 "sgemm measured during the same phase (so under the same machine load). darkpy computes "
+                 "sgemm measured in darkpy's sample windows of the same phase. darkpy computes "
                  "3×3 stride-1 convolutions by Winograd F(2×2, 3×3), which needs 2.25× fewer multiplications "
-                 "than the count, so those layers can exceed 100 % of sgemm (PyTorch's oneDNN may do the "
-                 "same).")
+                 "than the count, so those layers can exceed 100 % of sgemm (PyTorch's oneDNN and ONNX "
+                 "Runtime may do the same).")
     return lines
 
 
@@ -141,34 +150,40 @@ def darknet_lines(d: dict | None) -> list[str]:
 
 
 def targets(results: dict) -> list[str]:
-    """Each target of issue #5 with what was measured; a missed one says by how much."""
+    """Each target of issue #9 with what was measured; a missed one says by how much."""
     out = []
 
     def mark(ok: bool | None, text: str) -> None:
         out.append(f"- {'met' if ok else '**missed**' if ok is not None else 'n/a'}: {text}")
 
+    def ratio_mark(net: dict, ph: dict, r: float, goal: float, peer: str) -> None:
+        label = f"{net['name']} {ph['phase']}: darkpy/{peer} {r:.2f}× (target ≥ {goal}×)"
+        if r < goal:
+            label += f", short by {100 * (1 - r / goal):.0f} % (needs {goal / r:.2f}× faster)"
+        mark(r >= goal, label)
+
     for net in results["networks"]:
         for ph in net["phases"]:
-            if "ratio" not in ph:
-                continue
-            r = ph["ratio"]
-            if ph["mode"] == "train":
-                goal = TRAIN_RATIO
-            elif ph["batch"] == 1:
-                goal = INFER_B1_RATIO
-            else:
-                goal = INFER_BIG_RATIO
-            label = f"{net['name']} {ph['phase']}: darkpy/PyTorch {r:.2f}× (target ≥ {goal}×)"
-            if r < goal:
-                label += f", short by {100 * (1 - r / goal):.0f} % (needs {goal / r:.1f}× faster)"
-            mark(r >= goal, label)
-    for net in results["networks"]:
-        for ph in net["phases"]:
-            peak = _phase_peak(results, ph)
-            if "conv_forward_gflops" in ph and peak and ph["batch"] >= 64:
-                share = ph["conv_forward_gflops"] / peak
-                mark(share >= CONV_PEAK_SHARE, f"{net['name']} {ph['phase']} conv forward at "
-                     f"{100 * share:.0f} % of the sgemm rate (target ≥ {100 * CONV_PEAK_SHARE:.0f} %)")
+            if "ratio" in ph:
+                goal = (TRAIN_RATIO if ph["mode"] == "train" else INFER_B1_RATIO if ph["batch"] == 1
+                        else INFER_BIG_RATIO)
+                ratio_mark(net, ph, ph["ratio"], goal, "PyTorch")
+            if "ratio_ort" in ph:
+                ratio_mark(net, ph, ph["ratio_ort"], ORT_B1_RATIO if ph["batch"] == 1 else ORT_BIG_RATIO,
+                           "ONNX Runtime")
+                if ph["ratio_ort"] < 1.0:
+                    out.append(f"  (the real goal is 1.0×: {1 / ph['ratio_ort']:.2f}× faster needed)")
+    for row, goal, what in [*((r, CONV_FWD_SHARE, "forward") for r in conv_layers(results, "fwd")),
+                            *((r, CONV_BWD_SHARE, "backward") for r in conv_layers(results, "bwd"))]:
+        if row["share"] < goal:
+            mark(False, f"{row['net']} {row['phase']} layer {row['index']} ({row['desc']}) {what} at "
+                 f"{100 * row['share']:.0f} % of the sgemm rate (target ≥ {100 * goal:.0f} %)")
+    for what, goal in (("fwd", CONV_FWD_SHARE), ("bwd", CONV_BWD_SHARE)):
+        rows = conv_layers(results, what)
+        if rows:
+            n_bad = sum(r["share"] < goal for r in rows)
+            mark(n_bad == 0, f"{n_bad} of {len(rows)} convolution layers below {100 * goal:.0f} % of the sgemm "
+                 f"rate in their {'forward pass at batch ≥ 64' if what == 'fwd' else 'backward pass'}")
     for net in results["networks"]:
         for ph in net["phases"]:
             peer = ph.get("peer")
@@ -190,6 +205,124 @@ def targets(results: dict) -> list[str]:
         for cmd, r in s["no_kernel_commands"].items():
             mark(r["compiled"] == 0 and r["rc"] == 0, f"`{cmd}` compiled {r['compiled']} kernel files (exit {r['rc']})")
     return out
+
+
+def conv_layers(results: dict, what: str) -> list[dict]:
+    """Every convolution layer's darkpy rate as a share of its phase's sgemm rate: `fwd` from the
+    inference phases at batch >= 64 (or the suite's large batch), `bwd` from the training phases
+    (input gradient + weight gradient: 2× the forward FLOPs)."""
+    big = max((ph["batch"] for net in results["networks"] for ph in net["phases"] if ph["mode"] == "infer"),
+              default=0)
+    rows = []
+    for net in results["networks"]:
+        for ph in net["phases"]:
+            if what == "fwd" and not (ph["mode"] == "infer" and ph["batch"] == big):
+                continue
+            if what == "bwd" and ph["mode"] != "train":
+                continue
+            peak = _phase_peak(results, ph)
+            for r in ph.get("layers") or []:
+                if r["kind"] != "convolutional" or not peak:
+                    continue
+                ms = r["darkpy_fwd_ms"] if what == "fwd" else r.get("darkpy_bwd_ms", 0.0)
+                mflop = r["mflop"] * (1 if what == "fwd" else 2)
+                if ms <= 0:
+                    continue
+                gf = mflop / ms
+                rows.append({"net": net["name"], "phase": ph["phase"], "index": r["index"],
+                             "desc": r.get("desc", ""), "ms": ms, "mflop": mflop, "gflops": gf,
+                             "share": gf / peak, "sgemm": peak})
+    return sorted(rows, key=lambda r: r["share"])
+
+
+def worst_layers_table(results: dict, top: int = WORST_LAYERS) -> list[str]:
+    lines = []
+    for what, goal, title in (("fwd", CONV_FWD_SHARE, "forward pass, largest inference batch"),
+                              ("bwd", CONV_BWD_SHARE, "backward pass (input and weight gradients), training")):
+        rows = conv_layers(results, what)
+        lines += [f"The {top} convolution layers furthest below the sgemm rate, {title} (target ≥ "
+                  f"{100 * goal:.0f} %; {len(rows)} layers measured):", ""]
+        if not rows:
+            lines += ["(no per-layer data)", ""]
+            continue
+        lines += ["| network | phase | layer | kernel/stride, channels, input | MFLOP | darkpy ms | GFLOP/s "
+                  "| % of sgemm |", "|---|---|---|---|---|---|---|---|"]
+        for r in rows[:top]:
+            lines.append(f"| {r['net']} | {r['phase']} | {r['index']} | {r['desc']} | {r['mflop']:.0f} "
+                         f"| {r['ms']:.2f} | {r['gflops']:.1f} | {100 * r['share']:.0f} % |")
+        lines.append("")
+    return lines
+
+
+def environment_lines(results: dict) -> list[str]:
+    """What every contender ran with: the environment given (the same for all) and what each
+    process saw and loaded."""
+    m = results["machine"]
+    env = m.get("worker_env") or {}
+    shown = {k: v for k, v in env.items() if k not in ("PATH", "HOME", "USER", "LOGNAME", "PYTHONPATH")}
+    lines = [f"CPU: {m['cpu']}, {m['cores']} cores; SIMD: {', '.join(m.get('simd', [])) or 'unknown'}.", "",
+             "Every worker process got the same environment, built from nothing (not the parent's): "
+             + ", ".join(f"`{k}={v}`" for k, v in shown.items()) + " (plus PATH, HOME, PYTHONPATH)."]
+    dropped = m.get("parent_env_dropped") or {}
+    if dropped:
+        lines.append("Set in the parent's shell and NOT passed on: "
+                     + ", ".join(f"`{k}={v}`" for k, v in dropped.items()) + ".")
+    opts = results.get("options") or {}
+    if opts:
+        lines.append(("darkpy's worker set for itself what the `darkpy` command sets (darkpy/process.py)"
+                      if opts.get("darkpy_as") == "command" else
+                      "darkpy's worker ran as a library user who set nothing (`--darkpy-as library`)")
+                     + f"; ONNX Runtime's model came from the {opts.get('onnx_from')} exporter.")
+    lines += ["", "| contender | threads | OMP_WAIT_POLICY | OPENBLAS_THREAD_TIMEOUT | BLAS (kernel) | OpenMP "
+              "| other |", "|---|---|---|---|---|---|---|"]
+    seen = {}
+    for net in results["networks"]:
+        for ph in net["phases"]:
+            for kind, c in ph["contenders"].items():
+                if "runtime" in c and kind not in seen:
+                    seen[kind] = c["runtime"]
+    for kind, rt in seen.items():
+        pools = rt.get("threadpools") or []
+        pools = pools if isinstance(pools, list) else []
+        blas = [f"{p['internal_api']} {p['version']} ({p['architecture']}, {p['num_threads']} threads)"
+                for p in pools if p.get("user_api") == "blas"]
+        omp = [f"{p['prefix']} ({p['num_threads']} threads)" for p in pools if p.get("user_api") == "openmp"]
+        if "numba" in rt:
+            threads, other = rt["numba"]["threads"], f"numba threading layer {rt['numba']['threading_layer']}"
+        elif "torch" in rt:
+            threads = rt["torch"]["threads"]
+            other = f"torch CPU capability {rt['torch']['cpu_capability']}, interop {rt['torch']['interop_threads']}"
+        elif "onnxruntime" in rt:
+            o = rt["onnxruntime"]
+            threads = o["intra_op_num_threads"]
+            other = f"onnxruntime {o['version']}, {o['execution_mode']}, {o['providers'][0]}, optimisation {o['graph_optimization_level']}"
+        else:
+            threads, other = "?", ""
+        e = rt.get("env") or {}
+        lines.append(f"| {kind} | {threads} | {e.get('OMP_WAIT_POLICY') or 'unset'} "
+                     f"| {e.get('OPENBLAS_THREAD_TIMEOUT') or 'unset'} | {'; '.join(blas) or '–'} "
+                     f"| {'; '.join(omp) or '–'} | {other} |")
+    return lines
+
+
+def quiet_lines(results: dict) -> list[str]:
+    opts = results.get("options") or {}
+    total = not_quiet = unclean = others = 0
+    worst = 0.0
+    for net in results["networks"]:
+        for ph in net["phases"]:
+            q = ph.get("quiet") or {}
+            total += q.get("windows", 0)
+            not_quiet += q.get("not_quiet", 0)
+            unclean += q.get("unclean_exits", 0)
+            others += q.get("other_workers", 0)
+            worst = max(worst, q.get("max_busy") or 0.0)
+    return [f"One worker process at a time: {total} windows (each a process's whole life: set-up, warm-up, "
+            f"one sample), each after the previous worker had exited, a {opts.get('settle_s', '?')} s settle "
+            f"and a wait for the machine to be at most {100 * opts.get('max_busy', 0):.0f} % busy. "
+            f"{not_quiet} windows started on a busier machine (up to {100 * worst:.0f} % busy); "
+            f"{unclean} workers did not exit cleanly; {others} windows saw another benchmark worker alive."
+            + (" **These numbers were not taken on a quiet machine.**" if not_quiet else "")]
 
 
 def hotspots(results: dict, top: int = 8) -> list[str]:
@@ -274,19 +407,19 @@ def machine_line(results: dict) -> str:
     peak = _peak(results)
     tpk = (results.get("sgemm") or {}).get("torch_gflops")
     load = f"{m['loadavg_start'][0]:.1f} at the start, {m.get('loadavg_end', [float('nan')])[0]:.1f} at the end"
-    return (f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; {m['threads']} threads for each "
-            f"framework; Python {v['python']}, numpy {v['numpy']}, numba {v['numba']}, torch {v.get('torch')}; "
-            f"BLAS {blas.get('internal_api')} {blas.get('version')} ({blas.get('architecture')} kernels). "
-            f"sgemm peak at {m['threads']} threads: {peak or float('nan'):.0f} GFLOP/s through numpy"
-            + (f", {tpk:.0f} through torch" if tpk else "") + f". Load average {load} (the machine is shared: "
-            "samples alternate between frameworks, so load slows both alike, but absolute numbers move).")
+    return (f"Machine: {m['cpu']}, {m['cores']} cores ({', '.join(m.get('simd', []))}), {m['memory_gb']} GB; "
+            f"{m['threads']} threads for each contender; Python {v['python']}, numpy {v['numpy']}, numba "
+            f"{v['numba']}, torch {v.get('torch')}, onnxruntime {v.get('onnxruntime')}; BLAS "
+            f"{blas.get('internal_api')} {blas.get('version')} ({blas.get('architecture')} kernels). sgemm at "
+            f"{m['threads']} threads: {peak or float('nan'):.0f} GFLOP/s through numpy"
+            + (f", {tpk:.0f} through torch" if tpk else "") + f". Load average {load}.")
 
 
 def summary_block(results: dict) -> str:
     """The machine and the throughput table, for benchmarks/README.md."""
     return "\n".join([f"From `{results['command']}`, {results['machine']['date']}. " + machine_line(results),
-                      "", *throughput_table(results), "",
-                      "Targets, hotspots and start-up times: [RESULTS.md](RESULTS.md)."])
+                      "", *quiet_lines(results), "", *throughput_table(results), "",
+                      "Environment, targets, the worst layers and start-up times: [RESULTS.md](RESULTS.md)."])
 
 
 def markdown(results: dict) -> str:
@@ -298,21 +431,27 @@ def markdown(results: dict) -> str:
         "",
         machine_line(results),
         "",
-        "Every phase first checks that darkpy and PyTorch give the same outputs (every layer at batch 1; "
-        + ("otherwise the heads and the logits feeding a softmax head" if results.get("check_logits")
-           else "otherwise the heads") +
-        "; the cell gives the largest difference relative to the output's magnitude), "
-        "then times them alternately: median images/s over the samples, min–max in brackets. PyTorch is "
-        "timed in NCHW and channels_last; the faster one is the peer of the ratio.",
+        *quiet_lines(results),
+        "",
+        "Every phase first checks that every contender gives darkpy's outputs (for PyTorch every layer at "
+        "batch 1, otherwise the heads and the logits feeding a softmax head; for ONNX Runtime the heads and "
+        "logits; the training loss; the cell gives the largest difference relative to the output's "
+        "magnitude), then times them one at a time: median images/s over the samples, min–max in brackets. "
+        "PyTorch is timed in NCHW and channels_last; the faster one is the peer of the ratio.",
         "",
         "## Throughput",
         "",
         *throughput_table(results),
         "",
-        "## Convolution layers, forward pass (the target is for batch 64)",
+        "## Environment of the contenders",
+        "",
+        *environment_lines(results),
+        "",
+        "## Convolution layers",
         "",
         *conv_table(results),
         "",
+        *worst_layers_table(results),
         "## Start-up of the `darkpy` command",
         "",
         *startup_lines(results.get("startup")),
@@ -321,7 +460,7 @@ def markdown(results: dict) -> str:
         "",
         *darknet_lines(results.get("darknet")),
         "",
-        "## Targets (issue #5)",
+        "## Targets (issue #9)",
         "",
         *targets(results),
         "",

@@ -18,9 +18,12 @@ shared. What "the same semantics" means, layer by layer (spec §2, §5):
   upsample: nearest neighbour × stride, times scale. yolo: the head's activations (logistic on x, y,
   objectness and classes, identity on w, h; `scale_x_y`, `new_coords`).
 
+`export_onnx` writes a TorchNet as ONNX (for the benchmark's ONNX Runtime contender).
+
 Training (`TorchNet.loss` + `make_optimizer`) is Darknet's step written the PyTorch way (spec §6.3):
-loss = softmax cross-entropy summed over the batch, divided by the full batch B (darkpy's update
-divides its summed gradient by B), and SGD with momentum, dampening 0 and weight decay on conv and
+loss = softmax cross-entropy summed over the batch, or the sum of the `[yolo]` heads' losses
+(`torch_yolo.py`: equal to darkpy's deltas), divided by the full batch B (darkpy's update divides
+its summed gradient by B), and SGD with momentum, dampening 0 and weight decay on conv and
 connected weights only, at darkpy's learning rate times each layer's `learning_rate` scale.
 
 One difference is on purpose: darkpy normalises a training batch by the UNBIASED batch variance
@@ -36,6 +39,8 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from . import torch_yolo
 
 EPS = 1e-5          # Darknet/darkpy batch norm: sqrt(var + 1e-5)
 BN_MOMENTUM = 0.01  # rolling = 0.99·rolling + 0.01·batch statistic
@@ -285,6 +290,7 @@ class Upsample(Step):
 class Yolo(Step):
     def __init__(self, d):
         super().__init__(d)
+        self.spec = {k: v for k, v in d.items() if k not in ("weights",)}
         self.n, self.entries = d["n"], d["entries"]
         self.scale_xy, self.new_coords = d["scale_x_y"], d["new_coords"]
 
@@ -336,7 +342,9 @@ _ATTRS = {
     "route": ("groups", "group_id"),
     "shortcut": ("alpha", "beta", "activation", "maps"),
     "upsample": ("stride", "scale"),
-    "yolo": ("n", "entries", "scale_x_y", "new_coords"),
+    "yolo": ("n", "entries", "scale_x_y", "new_coords", "classes", "mask", "biases", "max_boxes", "net_wh",
+             "ignore_thresh", "truth_thresh", "iou_loss", "iou_normalizer", "obj_normalizer", "cls_normalizer",
+             "label_smooth_eps", "iou_thresh", "class_map"),
     "activation": ("activation",),
     "logistic": (),
 }
@@ -352,7 +360,8 @@ def layer_spec(layer) -> dict:
          "out_shape": tuple(layer.out_shape), "refs": tuple(getattr(layer, "refs", ())),
          "lr_scale": float(getattr(layer, "lr_scale", 1.0))}
     for name in _ATTRS[kind]:
-        d[name] = getattr(layer, name)
+        value = getattr(layer, name)
+        d[name] = value.copy() if hasattr(value, "copy") and not isinstance(value, (str, tuple)) else value
     if kind in ("convolutional", "connected", "batchnorm"):
         d["biases"] = layer.biases.value.copy()
         d["weights"] = layer.weights.value.copy() if kind != "batchnorm" else None
@@ -397,15 +406,17 @@ class TorchNet(nn.Module):
         self.heads = sorted({out} | {i for i, k in enumerate(kinds) if k == "yolo"})
         self.lr_scales = [d["lr_scale"] for d in specs]
 
-    def forward(self, x: torch.Tensor, keep_all: bool = False):
+    def forward(self, x: torch.Tensor, keep_all: bool = False, outputs: list[int] | None = None):
+        """The heads' outputs; every layer's with `keep_all`; the layers `outputs` when given."""
+        want = set(range(len(self.steps))) if keep_all else set(outputs if outputs is not None else self.heads)
         saved: dict[int, torch.Tensor] = {}
         for i, step in enumerate(self.steps):
             x = step(x, saved)
-            if keep_all or i in self.needed or i in self.heads:
+            if i in want or i in self.needed:
                 saved[i] = x
         if keep_all:
             return [saved[i] for i in range(len(self.steps))]
-        return [saved[i] for i in self.heads]
+        return [saved[i] for i in (outputs if outputs is not None else self.heads)]
 
     def forward_timed(self, x: torch.Tensor) -> list[float]:
         """One forward, returning each step's wall time in seconds (torch CPU ops are synchronous)."""
@@ -419,18 +430,64 @@ class TorchNet(nn.Module):
                 saved[i] = x
         return times
 
-    def loss(self, x: torch.Tensor, labels: torch.Tensor, full_batch: int) -> torch.Tensor:
-        """Darknet's softmax cross-entropy, summed over the batch and divided by `full_batch` (the
-        network must end in a single-group softmax)."""
+    def train_unsupported(self) -> str | None:
+        """Why `loss` cannot train this network, or None: it must end in a [softmax] groups=1
+        (cross-entropy) or have [yolo] heads the yolo loss covers, and no other cost."""
         last = self.steps[-1]
-        if not isinstance(last, Softmax) or last.groups != 1:
-            raise Unsupported("training is translated only for networks that end in [softmax] groups=1")
+        if isinstance(last, Softmax):
+            return None if last.groups == 1 else "training is translated for [softmax] with groups=1 only"
+        yolos = [st for st in self.steps if isinstance(st, Yolo)]
+        if not yolos:
+            return "training is translated only for networks that end in [softmax] or have [yolo] heads"
+        return next((why for st in yolos if (why := torch_yolo.unsupported(st.spec))), None)
+
+    def loss(self, x: torch.Tensor, labels: torch.Tensor, full_batch: int) -> torch.Tensor:
+        """The training loss, divided by `full_batch` (darkpy's update divides its summed gradient by
+        the batch): Darknet's softmax cross-entropy summed over the batch, or the sum of every
+        [yolo] head's loss (`torch_yolo`; `labels` is then darkpy's truth array (B, 5·max)).
+        `last_cost` is then what darkpy reports as the network's cost for the same batch."""
+        why = self.train_unsupported()
+        if why:
+            raise Unsupported(why)
+        last = self.steps[-1]
         saved: dict[int, torch.Tensor] = {}
-        for i, step in enumerate(self.steps[:-1]):
+        if isinstance(last, Softmax):
+            for i, step in enumerate(self.steps[:-1]):
+                x = step(x, saved)
+                if i in self.needed:
+                    saved[i] = x
+            total = F.cross_entropy(last.logits(x), labels, reduction="sum")
+            self.last_cost = float(total)
+            return total / full_batch
+        losses, costs = [], []
+        for i, step in enumerate(self.steps):
+            if isinstance(step, Yolo):
+                head_loss, cost = torch_yolo.yolo_loss(step.spec, x, labels)
+                losses.append(head_loss)
+                costs.append(cost)
             x = step(x, saved)
             if i in self.needed:
                 saved[i] = x
-        return F.cross_entropy(last.logits(x), labels, reduction="sum") / full_batch
+        self.last_cost = sum(costs) / len(costs)        # darkpy: the mean over its cost layers
+        return sum(losses) / full_batch
+
+
+def export_onnx(model: TorchNet, x: torch.Tensor, path: str, outputs: list[int], opset: int = 17) -> None:
+    """Write `model` at the input shape of `x` as ONNX (TorchScript exporter, static shapes), its
+    outputs the layers `outputs` named `layer<i>`, its input `input`."""
+
+    class Outputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def forward(self, inp):
+            return tuple(self.net(inp, outputs=outputs))
+
+    wrapper = Outputs().eval()
+    with torch.no_grad():
+        torch.onnx.export(wrapper, (x.contiguous(),), path, dynamo=False, opset_version=opset,
+                          input_names=["input"], output_names=[f"layer{i}" for i in outputs])
 
 
 def make_optimizer(model: TorchNet, rate: float, momentum: float, decay: float) -> torch.optim.SGD:

@@ -1,17 +1,30 @@
-"""darkpy: Darknet's config-driven neural networks, in Python (numpy + numba)."""
+"""darkpy: Darknet's config-driven neural networks, in Python (numpy + numba).
+
+`import darkpy` is light and changes nothing outside darkpy: `Network` and `load_network` load
+their modules (numpy, numba) on first use, so the `darkpy` command can set its own process's
+runtime settings first (see `darkpy.process`).
+"""
 from __future__ import annotations
 
-import os as _os
-
-# OpenBLAS's worker threads spin for 2^28 cycles after each GEMM by default, holding the cores that
-# numba's parallel kernels need right after it (measured on 2 cores: batch-1 inference 20 % and a
-# cifar training step 27 % faster with "4", i.e. sleep at once). OpenBLAS reads it when numpy loads
-# it: it only takes effect when darkpy is imported before numpy (as the `darkpy` command does).
-_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-
 from .errors import CfgError, DarkpyError, DataError, StateError, TrainingError, WeightsError
-from .network import Network, load_network
 
 __version__ = "0.1.0"
 __all__ = ["load_network", "Network", "DarkpyError", "CfgError", "WeightsError", "DataError",
            "StateError", "TrainingError", "__version__"]
+
+#: Public names loaded on first access: name -> module that defines it.
+_LAZY = {"Network": ".network", "load_network": ".network"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

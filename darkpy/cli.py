@@ -338,5 +338,15 @@ def _register_extensions() -> None:
 
 _register_extensions()
 
-if __name__ == "__main__":  # pragma: no cover
+
+def entry() -> None:
+    """The `darkpy` command: its own process settings first (before numpy loads; see
+    darkpy/process.py), then the command line."""
+    from .process import set_command_environment
+
+    set_command_environment()
     main()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    entry()

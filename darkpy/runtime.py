@@ -10,7 +10,8 @@ COMPILING_NOTICE = "First run: compiling numba kernels (cached afterwards, so la
 def configure_threads(threads: int) -> int:
     """Set numba's thread count (0 = all cores), and BLAS's when threadpoolctl is installed.
 
-    (OpenMP's wait policy is set to PASSIVE when darkpy.kernels is imported; see there.)"""
+    Process-wide: only the `darkpy` command and functions given a thread count call it (importing
+    darkpy sets nothing; see darkpy/process.py for what the command also sets for itself)."""
     import numba
 
     n = numba.config.NUMBA_NUM_THREADS if threads <= 0 else min(threads, numba.config.NUMBA_NUM_THREADS)

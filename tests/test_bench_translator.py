@@ -248,3 +248,73 @@ def test_untranslatable_layer_is_named():
     net = network_from_text("[net]\nwidth=4\nheight=4\nchannels=4\n[reorg]\nstride=2\n", batch=1)
     with pytest.raises(Unsupported, match=r"\[reorg\]"):
         TorchNet(net.layers)
+
+
+def _truth(batch, max_boxes, boxes):
+    truth = np.zeros((batch, 5 * max_boxes), np.float32)
+    for b, rows in enumerate(boxes):
+        flat = np.asarray(rows, np.float32).reshape(-1)
+        truth[b, :flat.size] = flat
+    return truth
+
+
+def test_yolo_training_step_equals_darkpy():
+    """The torch yolo loss (benchmarks/torch_yolo.py) gives darkpy's cost and darkpy's gradients:
+    two SGD steps leave the same weights. The truth puts two boxes on one slot (the second only
+    sets its own class), boxes for anchors outside a head's mask, a box at x == 1 (last cell), a
+    malformed row that is skipped and an ignore threshold low enough to ignore some slots."""
+    text = YOLO.replace("num=3", "num=3\nignore_thresh=0.05")
+    net = network_from_text(text, batch=2)
+    rng = _sane(net)
+    x = rng.random((2, *net.input_shape), dtype=np.float32)
+    max_boxes = net.layers[2].max_boxes
+    truth = _truth(2, max_boxes, [
+        [(0.30, 0.40, 0.20, 0.30, 1), (0.32, 0.42, 0.21, 0.29, 0), (0.7, 0.2, 0.5, 0.4, 1)],
+        [(1.0, 0.55, 0.3, 0.2, 0), (0.5, 0.5, -0.1, 0.2, 1), (0.2, 0.8, 0.12, 0.2, 1)],
+    ])
+    rate, momentum, decay = 0.05, 0.9, 0.0005
+    net.config.momentum, net.config.decay = momentum, decay
+    model = TorchNet(net.layers, exact_bn=True).train()
+    assert model.train_unsupported() is None
+    opt = make_optimizer(model, rate, momentum, decay)
+    labels = torch.from_numpy(truth)
+    for _ in range(2):
+        opt.zero_grad()
+        loss = model.loss(torch.from_numpy(x), labels, full_batch=2)
+        loss.backward()
+        opt.step()
+        net.forward(x, truth, train=True)
+        net.backward()
+        net.update(rate)
+        assert model.last_cost == pytest.approx(net.cost, rel=1e-4)
+    assert sum(l.stats["count"] for l in net.layers if l.kind == "yolo") >= 3     # positives happened
+    for layer, step in zip(net.layers, model.steps):
+        if layer.kind != "convolutional":
+            continue
+        np.testing.assert_allclose(step.conv.weight.detach().numpy(), layer.weights.value, rtol=1e-4, atol=1e-6,
+                                   err_msg=f"layer {layer.index}")
+        if layer.bn is not None:
+            np.testing.assert_allclose(step.bn.bias.detach().numpy(), layer.biases.value, rtol=1e-4, atol=1e-6)
+        else:
+            np.testing.assert_allclose(step.conv.bias.detach().numpy(), layer.biases.value, rtol=1e-4, atol=1e-6)
+
+
+def test_yolo_training_outside_the_translation_is_named():
+    net = network_from_text(YOLO.replace("num=3", "num=3\nscale_x_y=1.05"), batch=2)
+    assert "scale_x_y" in TorchNet(net.layers).train_unsupported()
+
+
+def test_onnx_export_gives_the_same_outputs(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    from benchmarks.torch_model import export_onnx
+
+    net = network_from_text(YOLO, batch=2)
+    rng = _sane(net)
+    x = rng.random((2, 3, 16, 16), dtype=np.float32)
+    model = TorchNet(net.layers).eval()
+    path = str(tmp_path / "y.onnx")
+    export_onnx(model, torch.from_numpy(x), path, [2, 6])
+    outs = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"input": x})
+    net.forward(x)
+    for got, index in zip(outs, (2, 6)):
+        np.testing.assert_allclose(got.reshape(2, -1), net.layers[index].output.reshape(2, -1), rtol=1e-4, atol=1e-5)

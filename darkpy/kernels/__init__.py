@@ -8,14 +8,11 @@ specialisation per dtype, cached on disk).
 from __future__ import annotations
 
 import functools
-import os
 
-# numba's OpenMP workers spin between parallel regions by default; on a 2-core machine that also
-# runs BLAS and the data loader, spinning threads steal the cores (measured: a 60-iteration digits
-# run took 25.7 s spinning vs 3.5 s passive). Must be set before the OpenMP runtime starts.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import numba
 
-import numba  # noqa: E402
+# (numba's OpenMP workers spin between parallel regions by default: the `darkpy` command sets
+# OMP_WAIT_POLICY=PASSIVE for its own process, see darkpy/process.py; importing darkpy sets nothing.)
 
 #: Serial kernel: cached on disk, releases the GIL (so the data loader thread can run beside it).
 jit = functools.partial(numba.njit, cache=True, nogil=True)

@@ -1,0 +1,127 @@
+"""The benchmark harness's fairness rules (benchmarks/engine.py, environment.py, worker.py), without
+timing anything and without torch: the workers' environment is built from nothing, one worker
+process lives at a time and is checked to have exited, outputs are compared before timing, and the
+detector truth the harness makes is what darkpy reads."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks import engine, environment, report
+from benchmarks.worker import check_picks, load_truth
+
+
+def test_worker_env_is_built_from_nothing(monkeypatch):
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("SOME_USER_SETTING", "1")
+    env = environment.worker_env(3)
+    assert "OPENBLAS_CORETYPE" not in env and "OMP_WAIT_POLICY" not in env and "SOME_USER_SETTING" not in env
+    assert env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "3"
+    assert environment.parent_env_dropped()["OPENBLAS_CORETYPE"] == "Haswell"
+    assert "SOME_USER_SETTING" not in environment.parent_env_dropped()
+
+
+def test_compare_checks_every_output_the_contender_saved(tmp_path):
+    ref, same, off, extra = (str(tmp_path / f"{n}.npz") for n in ("ref", "same", "off", "extra"))
+    a = np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6)
+    np.savez(ref, **{"3": a, "5": 2 * a})
+    np.savez(same, **{"5": 2 * a + 1e-6})
+    np.savez(off, **{"3": a, "5": 2 * a + 0.01})
+    np.savez(extra, **{"7": a})
+    assert engine.compare(ref, same)["ok"] and engine.compare(ref, same)["outputs_compared"] == 1
+    bad = engine.compare(ref, off)
+    assert not bad["ok"] and bad["worst_layer"] == 5
+    assert not engine.compare(ref, extra)["ok"]
+
+
+def test_check_picks_adds_the_logits_under_a_softmax():
+    assert check_picks(["convolutional", "avgpool", "softmax"], [2]) == [1, 2]
+    assert check_picks(["convolutional", "yolo", "route", "yolo"], [1, 3]) == [1, 3]
+
+
+def test_random_truth_is_read_by_darkpy_as_boxes(tmp_path):
+    from darkpy.layers.yolo import _valid_truth
+
+    rng = np.random.default_rng(0)
+    truth = engine.random_truth(rng, 4, {"max_boxes": 90, "classes": 3})
+    assert truth.shape == (4, 450)
+    rows = truth.reshape(4, 90, 5)
+    for b in range(4):
+        n = int((rows[b, :, 0] != 0).sum())
+        assert 1 <= n <= 6 and np.all(rows[b, n:] == 0)            # the list ends at the first x == 0
+        assert [_valid_truth(truth, b, t, 3) for t in range(n + 1)] == [1] * n + [-1]
+        assert set(rows[b, :n, 4]) <= {0.0, 1.0, 2.0}
+    # classifiers get class labels, which the darkpy worker turns into one-hot rows
+    labels = np.array([2, 0])
+    np.save(tmp_path / "y.npy", labels)
+    np.testing.assert_array_equal(load_truth({"labels": str(tmp_path / "y.npy")}, 3, 3),
+                                  np.eye(3, dtype=np.float32)[labels])
+
+
+class FakeWorker:
+    """Stands in for a worker process: records how many are alive at once."""
+    alive = 0
+    most = 0
+    log: list = []
+
+    def __init__(self, kind, opts):
+        FakeWorker.alive += 1
+        FakeWorker.most = max(FakeWorker.most, FakeWorker.alive)
+        self.kind = kind
+        FakeWorker.log.append(("start", kind))
+
+    def call(self, op, **args):
+        if op == "setup":
+            return {"setup_s": 0.0}
+        if op == "check":
+            np.savez(args["out"], **{"1": np.ones((1, 4), np.float32)})
+            return {"heads": [1]}
+        if op == "warm":
+            return {"ops": 2, "last_s": 0.01, "s": 0.02}
+        if op == "run":
+            return {"s": 0.01 if self.kind == "darkpy" else 0.02}
+        if op == "sgemm":
+            return {"gflops": 100.0}
+        if op == "rss":
+            return {"maxrss_mb": 10.0}
+        if op == "layers":
+            return {"fwd": [0.001, 0.001], "bwd": None, "update": 0.0, "s": 0.002}
+        if op == "runtime":
+            return {"env": {}}
+        raise AssertionError(op)
+
+    def close(self):
+        FakeWorker.alive -= 1
+        FakeWorker.log.append(("exit", self.kind))
+        return True
+
+
+def test_one_worker_at_a_time_and_each_sample_in_its_own_process(monkeypatch, tmp_path):
+    monkeypatch.setattr(engine, "Worker", FakeWorker)
+    monkeypatch.setattr(engine, "wait_quiet", lambda *a: {"busy": 0.0, "quiet": True})
+    FakeWorker.log, FakeWorker.most = [], 0
+    prep = engine.Prepared("w", "spec.pkl", None, None, (3, 4, 4), 4, 1e6, 1e6,
+                           [(0, "convolutional", (4, 4, 4), 1e6), (1, "softmax", (4,), 0.0)],
+                           ["3x3/1 3->4 on 4x4", ""], [1], None, 0.9, 5e-4)
+    opts = engine.Options(reps=3, contenders=("darkpy", "torch"), tmp=tmp_path)
+    spec = engine.NetSpec("n", tmp_path / "n.cfg")
+    r = engine.run_phase(spec, prep, "infer", 4, opts)
+    assert FakeWorker.most == 1
+    starts = [k for ev, k in FakeWorker.log if ev == "start"]
+    assert starts == ["darkpy", "torch"] + ["darkpy", "torch", "torch", "darkpy", "darkpy", "torch"]
+    assert len(r["contenders"]["darkpy"]["samples_s"]) == 3 and r["ratio"] == pytest.approx(2.0)
+    assert r["checks"]["torch"]["ok"] and r["quiet"]["windows"] == 2 + 6
+    assert r["layers"][0]["desc"] == "3x3/1 3->4 on 4x4"
+    # the Markdown renders from such a result
+    results = {"command": "x", "machine": {"cpu": "c", "cores": 2, "memory_gb": 1, "threads": 2, "simd": [],
+                                           "versions": {"python": "3", "numpy": "2", "numba": "0"},
+                                           "loadavg_start": [0.0], "date": "now"},
+               "networks": [{"name": "n", "phases": [r]}], "sgemm": {"numpy_gflops": 100.0}}
+    md = report.markdown(results)
+    assert "| n | infer b4 |" in md and "2.00×" in md
+
+
+def test_busy_fraction_reads_the_machine():
+    busy = environment.busy_fraction(0.05)
+    assert busy is None or 0.0 <= busy <= 1.0
