@@ -41,6 +41,7 @@ from .evaluate import Prediction, ValidResult, evaluate_classifier, predict, val
 from .progress import CsvLog, Progress, Record
 from .runtime import COMPILING_NOTICE, configure_threads, kernels_need_compiling  # noqa: F401
 from .settings import Settings, load_settings
+from .textdata import is_text_data
 
 if TYPE_CHECKING:  # pragma: no cover
     from .detect import MapResult
@@ -191,13 +192,15 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
 
     # -- data ---------------------------------------------------------------------------------------
     check_classes(net, dc)
-    train_paths = read_image_list(dc.train, "train", data_path)
+    text = is_text_data(dc)              # char-RNN / token data (darkpy/textdata.py)
+    train_paths = [] if text else read_image_list(dc.train, "train", data_path)
     labels = None
-    if not is_detector(net):
+    if not is_detector(net) and not text:
         labels = classifier_labels(dc)
         check_labels(train_paths, labels, dc.train)
     dataset = make_dataset(net, dc, train_paths, augment=True, labels=labels)
-    plan = BatchPlan(len(train_paths), B, seed)
+    train_paths = range(len(dataset)) if text else train_paths
+    plan = dataset.plan(B, seed) if text else BatchPlan(len(train_paths), B, seed)
     base_size = (net.width, net.height)
     head_random = getattr(net.layers[-1], "random", 0) if is_detector(net) else 0
     sizes = multiscale_sizes(*base_size, head_random) if head_random else [base_size]
@@ -267,7 +270,7 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
     k = start
 
     def set_size(size: tuple[int, int], why: str) -> None:
-        if (net.width, net.height) != size:
+        if len(net.input_shape) == 3 and (net.width, net.height) != size:   # (flat inputs: text)
             net.resize(*size)
             size_changes.append((k, *size))
             progress.message(f"Resizing to {size[0]}x{size[1]} ({why})")
@@ -285,6 +288,8 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
                 x, y = loader.get(k)
                 set_size((x.shape[-1], x.shape[-2]), f"iteration {k + 1}")
                 net.rng = network_rng(seed, k)
+                if text:
+                    dataset.prepare_network(net, k)
                 cost_sum, cost_mean = _train_iteration(net, x, y, lambda where, cost: TrainingError(
                     _nan_message(k + 1, cost, where, last_ckpt)))
                 rate = net.update()
@@ -342,7 +347,7 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
                          time.perf_counter() - t_start, log_path, chart_path, records,
                          map=None if interrupted else final_map,
                          best_map=best_map if calc_map else None, best=best_written, sizes=size_changes)
-    if evaluate and not interrupted and dc.valid and not is_detector(net):
+    if evaluate and not interrupted and dc.valid and not is_detector(net) and not text:
         result.accuracy = evaluate_classifier(net, dc, read_image_list(dc.valid, "valid", data_path))
     return result
 

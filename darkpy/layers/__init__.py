@@ -10,6 +10,7 @@ _FAMILIES = (
     "convolutional", "connected", "batchnorm", "pooling", "dropout", "softmax", "cost", "logistic",
     "normalization", "activation", "route", "shortcut", "upsample", "reorg", "crop", "attention",
     "yolo", "region", "detection", "recurrent", "local", "deconvolutional",
+    "embedding", "layernorm", "mha", "xent",
 )
 FAMILIES_MISSING: list[str] = []
 for _name in _FAMILIES:
