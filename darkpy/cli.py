@@ -289,9 +289,12 @@ def cfg_convert(src, dst, force):
 
 
 def _register_extensions() -> None:
-    """Commands that live in their own modules: `detect` and `map` (darkpy/cli_detect.py)."""
+    """Commands that live in their own modules: `detect` and `map` (darkpy/cli_detect.py),
+    `generate` and `textscore` (darkpy/cli_generate.py)."""
     from .cli_detect import register
     register(main)
+    from .cli_generate import register as register_generate
+    register_generate(main)
 
 
 _register_extensions()

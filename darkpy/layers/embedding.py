@@ -88,7 +88,7 @@ class EmbeddingLayer(Layer):
         bad = (ids != raw) | (ids < 0) | (ids >= self.vocab)
         if bad.any():
             r = int(np.argmax(bad))
-            raise StateError(f"layer {self.index} [embedding]: row {r} has token id {raw[r]!r}; ids must be "
+            raise StateError(f"layer {self.index} [embedding]: row {r} has token id {float(raw[r]):g}; ids must be "
                              f"integers in 0..{self.vocab - 1} (vocab={self.vocab})")
         self.ids[...] = ids
         np.take(self.table.value, ids, axis=0, out=self.output)

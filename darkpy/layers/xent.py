@@ -70,7 +70,7 @@ class CrossEntropyLayer(Layer):
             bad = keep & ((cls != ids) | (cls < 0) | (cls >= V))
             if bad.any():
                 r = int(np.argmax(bad))
-                raise StateError(f"layer {self.index} [crossentropy]: row {r} has target {ids[r]!r}; targets "
+                raise StateError(f"layer {self.index} [crossentropy]: row {r} has target {float(ids[r]):g}; targets "
                                  f"are class ids 0..{V - 1} or ignore_index={self.ignore_index}")
             q = np.zeros((B, V), np.float64)
             q[np.nonzero(keep)[0], cls[keep]] = 1.0
