@@ -298,6 +298,7 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
                 avg = loss if avg < 0 else 0.9 * avg + 0.1 * loss
                 rec = Record(k, net.seen / len(train_paths), loss, avg, cost_mean, rate,
                              time.perf_counter() - t0, int(net.seen))
+                rec.grad_norm = net.grad_norm
                 done = k >= max_batches
                 improved = False
                 if calc_map and (k % map_every == 0 or done):
