@@ -248,7 +248,8 @@ def test_gelu_values_and_true_derivative(name):
     if name == "gelu":
         ref = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x])
     else:
-        ref = 0.5 * x * (1 + np.tanh(0.797885 * x + 0.035677 * x ** 3))
+        c = math.sqrt(2 / math.pi)
+        ref = 0.5 * x * (1 + np.tanh(c * (x + 0.044715 * x ** 3)))
     y = x.copy()
     act.activate_array(y, act.code(name))
     assert_close(y, ref, 1e-12, 1e-12, name)

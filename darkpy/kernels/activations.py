@@ -31,6 +31,8 @@ LOGISTIC, RELU, RELIE, LINEAR, RAMP, TANH, PLSE, LEAKY, ELU, LOGGY, STAIR, HARDT
 _NEEDS_INPUT = (SWISH, MISH, HARD_MISH, GELU, GELU_TANH)
 _INV_SQRT2 = 0.7071067811865476
 _INV_SQRT2PI = 0.3989422804014327
+_SQRT_2_PI = 0.7978845608028654            # sqrt(2/pi)
+_TANH_CUBIC = 0.044715 * _SQRT_2_PI
 
 
 def code(name: str) -> int:
@@ -100,8 +102,8 @@ def _act(x, a):
     if a == GELU:
         return 0.5 * x * (1 + math.erf(x * _INV_SQRT2))
     if a == GELU_TANH:
-        # darknet: AlexeyAB's `gelu` (its constants, sqrt(2/pi) and 0.044715·sqrt(2/pi) rounded)
-        return 0.5 * x * (1 + math.tanh(0.797885 * x + 0.035677 * x * x * x))
+        # AlexeyAB's `gelu` formula, with the constants unrounded (it writes 0.797885, 0.035677)
+        return 0.5 * x * (1 + math.tanh(_SQRT_2_PI * x + _TANH_CUBIC * x * x * x))
     if a == RELU6:
         return min(max(x, 0.0 * x), 6.0 + 0.0 * x)
     return x
@@ -164,9 +166,9 @@ def _grad(y, x, a):
     if a == GELU:
         return 0.5 * (1 + math.erf(x * _INV_SQRT2)) + x * _INV_SQRT2PI * math.exp(-0.5 * x * x)
     if a == GELU_TANH:
-        u = 0.797885 * x + 0.035677 * x * x * x
+        u = _SQRT_2_PI * x + _TANH_CUBIC * x * x * x
         t = math.tanh(u)
-        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * (0.797885 + 3 * 0.035677 * x * x)
+        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * (_SQRT_2_PI + 3 * _TANH_CUBIC * x * x)
     if a == RELU6:
         return 1.0 if (x > 0 and x < 6) else 0.0
     return 1.0
