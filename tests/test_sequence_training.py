@@ -259,3 +259,26 @@ def test_transformer_trains_on_text_and_generates(tmp_path):
     w = tmp_path / "a" / "gpt_final.weights"
     out = generate(open_generator(cfg, w), b"the", 12, 1.0, srand=2)
     assert out == generate(open_generator(cfg, w), b"the", 12, 1.0, srand=2) and len(out) == 12
+
+
+@pytest.mark.slow
+def test_cli_generate_and_textscore(tmp_path):
+    from click.testing import CliRunner
+
+    from darkpy.cli import main
+
+    cfg = _text_project(tmp_path, RNN_CFG, "rnn")
+    w = tmp_path / "w.weights"
+    network_from_text(RNN_CFG, seed=1).save_weights(w)
+    runner = CliRunner()
+    args = ["generate", str(cfg), str(w), "--seed-text", "the ", "--len", "20", "--srand", "4"]
+    a = runner.invoke(main, args)
+    b = runner.invoke(main, args)
+    assert a.exit_code == 0, a.output
+    assert a.stdout_bytes == b.stdout_bytes and a.stdout_bytes.startswith(b"the ")
+    assert len(a.stdout_bytes) == 4 + 20 + 1
+    r = runner.invoke(main, ["textscore", str(cfg), str(w), "--data", str(tmp_path / "data" / "rnn.data"),
+                             "--streams", "2"])
+    assert r.exit_code == 0 and "bits per character:" in r.output
+    bad = runner.invoke(main, ["generate", str(cfg), str(tmp_path / "missing.weights")])
+    assert bad.exit_code != 0 and "Traceback" not in bad.output
