@@ -116,6 +116,20 @@ def test_stream_plan_evenly_spaced_time_major_and_wraps():
     assert (plan.indices(5).reshape(5, 4)[:, 3] == [0, 1, 2, 3, 4]).all()
 
 
+def test_prepare_network_carries_state_and_zeroes_only_wrapped_streams():
+    net = network_from_text("[net]\nbatch=4\ntime_steps=5\ninputs=256\n[gru]\noutput=3\n"
+                            "[connected]\noutput=256\nactivation=linear\n[softmax]\n")
+    ds = TextData(np.frombuffer(bytes(range(1, 101)), np.uint8), net)      # starts 0, 25, 50, 75
+    gru = net.layers[0]
+    gru.h0[...] = 1.0
+    ds.prepare_network(net, 4)                        # no stream wraps between iterations 3 and 4
+    assert gru.carry_state and (gru.h0 == 1).all()
+    ds.prepare_network(net, 5)                        # stream 3 (75 + 25) passes the end
+    assert (gru.h0[3] == 0).all() and (gru.h0[:3] == 1).all()
+    ds.prepare_network(net, 0)
+    assert not gru.h0.any()
+
+
 def test_text_data_one_hot_rows_are_next_bytes():
     net = network_from_text("[net]\nbatch=2\ntime_steps=3\ninputs=256\n[connected]\noutput=256\n"
                             "activation=linear\n[softmax]\n")
