@@ -132,6 +132,7 @@ def make_dataset(net, dc, paths: list[str], augment: bool, labels: list[str] | N
 
 def read_image_list(path: str | None, what: str, data_path) -> list[str]:
     from .datasets import read_list
+
     if not path:
         raise DataError(f"{data_path}: no {what}= list file; add one (one image path per line)")
     paths = read_list(path)
