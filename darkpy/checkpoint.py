@@ -62,6 +62,10 @@ def write_state(path: str, net, meta: dict) -> None:
             arrays[f"{layer.index}:{p.name}:grad"] = p.grad
             for key, value in p.state.items():
                 arrays[f"{layer.index}:{p.name}:state:{key}"] = value
+    for layer in net.layers:             # recurrent state carried between updates (char-RNN streams)
+        if getattr(layer, "carry_state", False):
+            for i, arr in enumerate(layer._initial_state()):
+                arrays[f"{layer.index}:carry:{i}"] = arr
     blob = json.dumps({"version": STATE_VERSION, **meta}).encode()
     arrays["meta"] = np.frombuffer(blob, np.uint8)
     tmp = f"{path}.tmp{os.getpid()}"
@@ -103,6 +107,12 @@ def read_state(path: str, net, weights_crc: int | None) -> tuple[dict | None, st
             p.grad[...] = grads[key]
             p.state.clear()
             p.state.update({k: v.copy() for k, v in states[key].items()})
+    for layer in net.layers:
+        if hasattr(layer, "carry_state"):
+            for i, arr in enumerate(layer._initial_state()):
+                saved = arrays.get(f"{layer.index}:carry:{i}")
+                if saved is not None and saved.shape == arr.shape:
+                    arr[...] = saved
     net.updates = int(meta.get("updates", 0))
     return meta, ""
 

@@ -329,11 +329,13 @@ def cfg_convert(src, dst, force):
 
 def _register_extensions() -> None:
     """Commands that live in their own modules: `detect` and `map` (darkpy/cli_detect.py), `partial`
-    and Darknet's command forms `detector ...`, `classifier ...` (darkpy/cli_darknet.py). (`train
-    --procs` and the ranks' side of MPI runs: darkpy/cli_mpi.py.)"""
-    from . import cli_darknet, cli_detect
+    and Darknet's command forms `detector ...`, `classifier ...` (darkpy/cli_darknet.py), `generate`
+    and `textscore` (darkpy/cli_generate.py). (`train --procs` and the ranks' side of MPI runs:
+    darkpy/cli_mpi.py.)"""
+    from . import cli_darknet, cli_detect, cli_generate
     cli_detect.register(main)
     cli_darknet.register(main)
+    cli_generate.register(main)
 
 
 _register_extensions()

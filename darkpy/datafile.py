@@ -73,6 +73,8 @@ def class_names(dc) -> list[str] | None:
 
 def check_classes(net, dc) -> None:
     """The .data file's classes (and labels) must fit the network's output."""
+    if "text" in dc.raw:                 # text: bytes, checked by textdata.TextData
+        return
     if is_detector(net):
         classes = getattr(net.layers[-1], "classes", None)
         if classes is not None and dc.classes and classes != dc.classes:
@@ -117,7 +119,10 @@ def check_labels(paths: Sequence[str], labels: Sequence[str], list_file: str) ->
 
 def make_dataset(net, dc, paths: list[str], augment: bool, labels: list[str] | None = None):
     from .datasets import ClassifierData, DetectionData
+    from .textdata import is_text_data, make_text_dataset
 
+    if is_text_data(dc):
+        return make_text_dataset(net, dc)
     if is_detector(net):
         last = net.layers[-1]
         return DetectionData(paths, dc.classes, net.config, max_boxes=net.truths // 5, augment=augment,

@@ -26,9 +26,9 @@ from . import layers as _layers  # noqa: F401  (registers every layer family)
 from .cfg import CfgDocument, CfgWarning, Section, load_cfg, parse_cfg
 from .errors import CfgError, StateError
 from .layers.base import REGISTRY, Layer, State, is_image, numel
-from .optim import current_rate, update_params
+from .optim import clip_global_norm, current_rate, update_params
 
-POLICIES = ("constant", "step", "steps", "exp", "poly", "random", "sigmoid", "sgdr")
+POLICIES = ("constant", "step", "steps", "exp", "poly", "random", "sigmoid", "sgdr", "cosine")
 
 # [net] keys darknet (either repo) reads; anything else is warned about (darknet never checks [net]).
 KNOWN_NET_KEYS = frozenset("""
@@ -40,6 +40,7 @@ badlabels_rejection_percentage num_sigmas_reject_badlabels ema_alpha use_cuda_gr
 dynamic_minibatch optimized_memory workspace_size_limit_MB flip blur gaussian_noise mixup cutmix mosaic
 letter_box mosaic_bound contrastive contrastive_jit_flip contrastive_color unsupervised label_smooth_eps
 resize_step attention adversarial_lr max_chart_loss show_receptive_field max_epochs
+adamw weight_decay clip_norm warmup
 """.split())
 
 
@@ -88,6 +89,11 @@ class NetConfig:
     random: int = 0
     clip: float = 0.0
     seen: int = 0
+    # darkpy (optim.py): AdamW, global-norm gradient clipping, linear warm-up
+    adamw: bool = False
+    weight_decay: float = 0.01
+    clip_norm: float = 0.0
+    warmup: int = 0
 
     @property
     def minibatch(self) -> int:
@@ -104,13 +110,14 @@ class NetConfig:
         c = cls()
         for key in ("batch", "subdivisions", "time_steps", "width", "height", "channels", "inputs",
                     "burn_in", "step", "max_batches", "max_crop", "min_crop", "center", "random",
-                    "sgdr_cycle", "sgdr_mult", "flip"):
+                    "sgdr_cycle", "sgdr_mult", "flip", "warmup"):
             setattr(c, key, sec.get_int(key, getattr(c, key)))
         for key in ("learning_rate", "momentum", "decay", "power", "scale", "gamma", "B1", "B2", "eps",
                     "angle", "aspect", "saturation", "exposure", "hue", "clip", "learning_rate_min",
-                    "max_ratio", "min_ratio"):
+                    "max_ratio", "min_ratio", "weight_decay", "clip_norm"):
             setattr(c, key, sec.get_float(key, getattr(c, key)))
         c.adam = sec.get_bool("adam", False)
+        c.adamw = sec.get_bool("adamw", False)
         c.policy = sec.get_choice("policy", POLICIES, "constant")
         for key, lo in (("batch", 1), ("subdivisions", 1), ("time_steps", 1)):
             if getattr(c, key) < lo:
@@ -289,6 +296,7 @@ class Network:
         self.config, self.layers = build_layers(doc, self.dtype)
         self.seen = 0
         self.updates = 0                    # number of update() calls (Adam's t, lr schedule)
+        self.grad_norm = float("nan")        # global L2 norm of the last update's gradient (clip_norm)
         self.rng = np.random.default_rng(seed)
         self.cost: float | None = None
         self.cost_mean: float | None = None
@@ -463,9 +471,12 @@ class Network:
         rate = self.current_rate() if rate is None else rate
         self.updates += 1
         B = self.config.full_batch
-        for layer in self.layers[self.frozen_upto() + 1:]:
-            if layer.params:
-                update_params(layer.params, self.config, rate * layer.lr_scale, B, self.updates)
+        learning = [layer for layer in self.layers[self.frozen_upto() + 1:] if layer.params]
+        if self.config.clip_norm > 0:
+            self.grad_norm = clip_global_norm([p.grad for layer in learning for p in layer.params], B,
+                                              self.config.clip_norm)
+        for layer in learning:
+            update_params(layer.params, self.config, rate * layer.lr_scale, B, self.updates)
         return rate
 
     # -- weights -----------------------------------------------------------------------------------

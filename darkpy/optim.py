@@ -4,6 +4,16 @@ SGD: with B = the full batch (batch·subdivisions, time_steps included) and η =
     grad -= decay·B·w   (weights only);   w += η/B · grad;   grad *= momentum
 where `grad` is the accumulated negative gradient (Darknet's `*_updates`). Adam (`adam=1`): as
 Darknet's GPU path (its CPU path ignores `adam`), with decay on every parameter and η not divided by B.
+
+darkpy's own, for Transformers (`[net]` keys):
+- `adamw=1`: torch.optim.AdamW on the mean gradient g = −grad/B: `w ← w − η·λ·w` (decoupled decay
+  λ = `weight_decay`, default 0.01, on weights only: never biases, layer-norm gains or embedding
+  tables), then Adam's step with `B1`, `B2`, `eps`, bias-corrected with the update count.
+- `clip_norm=c`: before the update, if the global L2 norm of the mean gradient over every learning
+  parameter exceeds c, all gradients are scaled by c/norm (torch's clip_grad_norm_); the norm is kept
+  in `Network.grad_norm` and logged per iteration.
+- `warmup=N`: the rate rises linearly, lr·(b+1)/N, for the first N updates (any policy);
+  `policy=cosine` then decays it to `learning_rate_min` over the remaining updates up to max_batches.
 """
 from __future__ import annotations
 
@@ -22,7 +32,14 @@ def current_rate(cfg, batch_num: int, rng: np.random.Generator | None = None) ->
     b = batch_num
     if cfg.burn_in and b < cfg.burn_in:
         return lr * (b / cfg.burn_in) ** cfg.power
+    warmup = getattr(cfg, "warmup", 0)
+    if warmup and b < warmup:
+        return lr * (b + 1) / warmup
     policy = cfg.policy
+    if policy == "cosine":
+        span = max(cfg.max_batches - warmup, 1)
+        u = min(max(b - warmup, 0) / span, 1.0)
+        return cfg.learning_rate_min + 0.5 * (lr - cfg.learning_rate_min) * (1 + math.cos(math.pi * u))
     if policy == "constant":
         return lr
     if policy == "step":
@@ -79,11 +96,46 @@ def adam_step(w, g, m, v, rate, batch, b1, b2, eps, t, decay):
         g[i] = 0
 
 
+@jit
+def adamw_step(w, g, m, v, rate, batch, b1, b2, eps, t, decay):
+    """w, g, m, v: (n,). torch's AdamW on the mean gradient −g/batch; `decay` is λ (0: none)."""
+    c1 = 1.0 - b1 ** t
+    c2 = 1.0 - b2 ** t
+    shrink = 1.0 - rate * decay
+    for i in range(w.shape[0]):
+        d = -g[i] / batch
+        w[i] *= shrink
+        m[i] = b1 * m[i] + (1 - b1) * d
+        v[i] = b2 * v[i] + (1 - b2) * d * d
+        w[i] -= rate * (m[i] / c1) / (math.sqrt(v[i] / c2) + eps)
+        g[i] = 0
+
+
+def clip_global_norm(grads, batch: int, max_norm: float) -> float:
+    """Scale the accumulated gradients `grads` (Darknet's negative sums) so that the L2 norm of the
+    mean gradient over all of them is at most `max_norm`; returns the norm before clipping."""
+    total = 0.0
+    for g in grads:
+        total += float(np.dot(g.reshape(-1).astype(np.float64), g.reshape(-1).astype(np.float64)))
+    norm = math.sqrt(total) / batch
+    if norm > max_norm:
+        k = max_norm / (norm + 1e-6)    # torch's clip_grad_norm_ adds the same 1e-6
+        for g in grads:
+            g *= k
+    return norm
+
+
 def update_params(params, cfg, rate: float, batch: int, t: int) -> None:
     """Apply one update to a layer's Params. `batch` = full batch B; `t` = Adam's update count."""
     for p in params:
         w, g = p.value.reshape(-1), p.grad.reshape(-1)
-        if cfg.adam:
+        if getattr(cfg, "adamw", False):
+            if "m" not in p.state or p.state["m"].shape != w.shape:
+                p.state["m"] = np.zeros_like(w)
+                p.state["v"] = np.zeros_like(w)
+            adamw_step(w, g, p.state["m"], p.state["v"], rate, batch, cfg.B1, cfg.B2, cfg.eps, t,
+                       cfg.weight_decay if p.decay else 0.0)
+        elif cfg.adam:
             if "m" not in p.state or p.state["m"].shape != w.shape:
                 p.state["m"] = np.zeros_like(w)
                 p.state["v"] = np.zeros_like(w)

@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import IO
 
-LOG_FIELDS = ("iteration", "epoch", "loss", "avg_loss", "cost_mean", "rate", "seconds", "images", "map")
+LOG_FIELDS = ("iteration", "epoch", "loss", "avg_loss", "cost_mean", "rate", "seconds", "images", "map",
+              "grad_norm")
 
 _LINE = re.compile(
     r"^\s*(?P<iteration>\d+), (?P<epoch>[-\d.]+): (?P<loss>\S+), (?P<avg_loss>\S+) avg, "
@@ -41,6 +42,7 @@ class Record:
     seconds: float          # wall time of the iteration
     images: int             # images seen so far (the weights header's `seen`)
     map: float = math.nan   # detector mAP@0.5 on the valid list when measured at this iteration (`--map`)
+    grad_norm: float = math.nan   # with [net] clip_norm: the global gradient norm before clipping
 
     def line(self) -> str:
         return (f"{self.iteration}, {self.epoch:.3f}: {self.loss:f}, {self.avg_loss:f} avg, "
@@ -178,7 +180,8 @@ class CsvLog:
 
 def _row(r: Record) -> list:
     return [r.iteration, f"{r.epoch:.4f}", repr(r.loss), repr(r.avg_loss), repr(r.cost_mean),
-            repr(r.rate), f"{r.seconds:.6f}", r.images, "" if math.isnan(r.map) else repr(r.map)]
+            repr(r.rate), f"{r.seconds:.6f}", r.images, "" if math.isnan(r.map) else repr(r.map),
+            "" if math.isnan(r.grad_norm) else repr(r.grad_norm)]
 
 
 def read_log(path: str | os.PathLike) -> list[Record]:
@@ -192,8 +195,9 @@ def read_log(path: str | os.PathLike) -> list[Record]:
     for row in rows:
         try:
             out.append(Record(**{name: (int(row[name]) if name in ("iteration", "images") else float(row[name]))
-                                 for name in LOG_FIELDS if name != "map"},
-                              map=float(row.get("map") or "nan")))   # older logs have no map column
+                                 for name in LOG_FIELDS if name not in ("map", "grad_norm")},
+                              map=float(row.get("map") or "nan"),   # older logs have no map column
+                              grad_norm=float(row.get("grad_norm") or "nan")))
         except (KeyError, TypeError, ValueError):
             continue   # a line cut short by a kill: ignore it
     return out

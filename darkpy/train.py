@@ -54,6 +54,7 @@ from .evaluate import Prediction, ValidResult, evaluate_classifier, predict, val
 from .progress import CsvLog, Progress, Record
 from .runtime import COMPILING_NOTICE, configure_threads, kernels_need_compiling  # noqa: F401
 from .settings import Settings, load_settings
+from .textdata import is_text_data
 
 if TYPE_CHECKING:  # pragma: no cover
     from .datasets import DataConfig
@@ -181,7 +182,8 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
     loop = TrainingLoop(setup, progress, comm, stop_after)
     result = loop.run()
     result.seconds = time.perf_counter() - t_start
-    if evaluate and comm.rank == 0 and not result.interrupted and setup.dc.valid and not is_detector(setup.net):
+    if (evaluate and comm.rank == 0 and not result.interrupted and setup.dc.valid and not is_detector(setup.net)
+            and not is_text_data(setup.dc)):
         result.accuracy = evaluate_classifier(setup.net, setup.dc,
                                               read_image_list(setup.dc.valid, "valid", setup.data_path))
         loop.draw(top1=result.accuracy.top1)
@@ -251,7 +253,10 @@ def prepare_training(cfg, data, weights, clear, seed, max_batches, backup, setti
     save_every = save_every or positive_int(raw.get("saveweights"), SAVE_WEIGHTS, "saveweights", data_path)
     net, meta, seed, start, max_batches = _start_network(cfg, weights, clear, seed, max_batches, settings, progress,
                                                          upto, data)
-    require_lists(dc, ["valid"] if calc_map or (evaluate and not is_detector(net)) else [])
+    require_lists(dc, ["valid"] if calc_map or (evaluate and not is_detector(net) and not is_text_data(dc)) else [])
+    if comm.size > 1 and is_text_data(dc):
+        raise TrainingError(f"{data_path}: text data (char-RNN streams, padded lines) trains on one process "
+                            f"only, not on {comm.size} ranks; run it without mpiexec or --procs")
     train_paths, dataset = training_data(net, dc, data_path)
     passes, shard = split_batch(net, comm, cfg)
     base_size = (net.width, net.height)
@@ -264,7 +269,9 @@ def prepare_training(cfg, data, weights, clear, seed, max_batches, backup, setti
         backup_dir=os.fspath(backup) if backup is not None else (dc.backup or settings.backup),
         net=net, weights=os.fspath(weights) if weights is not None else None, meta=meta, seed=seed,
         start=start, max_batches=max_batches, save_last=save_last, save_every=save_every,
-        train_paths=train_paths, dataset=dataset, plan=BatchPlan(len(train_paths), net.config.full_batch, seed),
+        train_paths=train_paths, dataset=dataset,
+        plan=(dataset.plan(net.config.full_batch, seed) if is_text_data(dc)
+              else BatchPlan(len(train_paths), net.config.full_batch, seed)),
         base_size=base_size, sizes=multiscale_sizes(*base_size, head_random) if head_random else [base_size],
         head_random=head_random, calc_map=calc_map,
         valid_paths=read_image_list(dc.valid, "valid", data_path) if calc_map else [],
@@ -318,14 +325,17 @@ def _start_network(cfg: str, weights, clear: bool, seed, max_batches, settings: 
 
 
 def training_data(net, dc, data_path) -> tuple[list[str], object]:
-    """The train list and the dataset the run reads batches from (checked against the network)."""
+    """The train list (text data: the dataset's row positions) and the dataset the run reads
+    batches from (checked against the network)."""
     check_classes(net, dc)
-    train_paths = read_image_list(dc.train, "train", data_path)
+    text = is_text_data(dc)              # char-RNN / token data (darkpy/textdata.py)
+    train_paths = [] if text else read_image_list(dc.train, "train", data_path)
     labels = None
-    if not is_detector(net):
+    if not is_detector(net) and not text:
         labels = classifier_labels(dc)
         check_labels(train_paths, labels, dc.train)
-    return train_paths, make_dataset(net, dc, train_paths, augment=True, labels=labels)
+    dataset = make_dataset(net, dc, train_paths, augment=True, labels=labels)
+    return (range(len(dataset)) if text else train_paths), dataset
 
 
 def split_batch(net, comm, cfg: str) -> tuple[int, range]:
@@ -424,6 +434,7 @@ class TrainingLoop:
                     self.avg = loss if self.avg < 0 else 0.9 * self.avg + 0.1 * loss
                     rec = Record(k, self.net.seen / len(s.train_paths), loss, self.avg, cost_mean, rate,
                                  time.perf_counter() - t0, int(self.net.seen))
+                    rec.grad_norm = self.net.grad_norm
                     done = k >= s.max_batches
                     improved = self.measure_map(rec, done)
                     self.records.append(rec)
@@ -473,6 +484,8 @@ class TrainingLoop:
         self.set_size((x.shape[-1], x.shape[-2]), f"iteration {k + 1}")
         mb, seen0 = net.batch, net.seen
         first = self.comm.rank * s.passes          # this rank's first pass, in the whole update's order
+        if hasattr(s.dataset, "prepare_network"):     # text streams: carried recurrent state
+            s.dataset.prepare_network(net, k)
         sync.begin()
         for j in range(s.passes):
             net.seen = seen0 + (first + j) * mb     # as if every earlier pass of the update ran here
@@ -493,7 +506,7 @@ class TrainingLoop:
         return cost_sum / s.batch, cost_mean, rate, stop
 
     def set_size(self, size: tuple[int, int], why: str) -> None:
-        if (self.net.width, self.net.height) != size:
+        if len(self.net.input_shape) == 3 and (self.net.width, self.net.height) != size:   # (flat inputs: text)
             self.net.resize(*size)
             self.size_changes.append((self.k, *size))
             self.progress.message(f"Resizing to {size[0]}x{size[1]} ({why})")

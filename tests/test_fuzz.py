@@ -77,6 +77,10 @@ KEYS = {
     "rnn": ["output", "hidden", "activation", "batch_normalize", "shortcut", "logistic"],
     "gru": ["output", "batch_normalize", "tanh"],
     "lstm": ["output", "batch_normalize"],
+    "embedding": ["vocab", "size", "positions"],
+    "layernorm": ["eps"],
+    "attention": ["heads", "causal", "pad", "dropout"],
+    "crossentropy": ["targets", "ignore_index", "label_smoothing", "temperature"],
     "crnn": ["output_filters", "hidden_filters", "output", "hidden", "size", "pad", "activation",
              "batch_normalize", "shortcut"],
     "conv_lstm": ["output", "size", "activation", "batch_normalize", "peephole"],
@@ -110,7 +114,7 @@ def value():
 
 
 ACTIVATIONS = ["linear", "leaky", "logistic", "relu", "mish", "swish", "tanh", "relu6", "elu", "selu",
-               "ramp", "plse", "stair", "hardtan", "lhtan", "loggy", "relie", "hard_mish", "gelu"]
+               "ramp", "plse", "stair", "hardtan", "lhtan", "loggy", "relie", "hard_mish", "gelu", "gelu_tanh"]
 
 
 def _refs():

@@ -2,13 +2,15 @@
 
 Darknet evaluates most gradients from the layer's OUTPUT y = f(x); darkpy does the same (it is exact
 for every monotone activation here). The activations whose derivative cannot be written in terms of
-y (swish, mish, hard_mish, gelu) take the pre-activation input x instead: a layer keeps a copy of x
+y (swish, mish, hard_mish, gelu, gelu_tanh) take the pre-activation input x instead: a layer keeps a copy of x
 only for those (`needs_input(code)`).
 
 Differences from Darknet, on purpose (README "Differences from Darknet"):
 - tanh uses a form that does not overflow (Darknet's CPU (e^{2x}-1)/(e^{2x}+1) is NaN for x > ~44).
 - relu6 is computed (Darknet's CPU path has no case for it and returns 0).
-- gelu's gradient is the true derivative at x (the fork applies its formula to the output).
+- `gelu` is the exact x·Φ(x) (erf); AlexeyAB's `gelu` is the tanh approximation, which darkpy
+  calls `gelu_tanh`. Both gradients are the true derivative at x (the fork applies its formula to
+  the output).
 """
 from __future__ import annotations
 
@@ -21,13 +23,18 @@ from numba import prange
 from . import PARALLEL_MIN, jit, pjit
 
 NAMES = ("logistic", "relu", "relie", "linear", "ramp", "tanh", "plse", "leaky", "elu", "loggy",
-         "stair", "hardtan", "lhtan", "selu", "swish", "mish", "hard_mish", "gelu", "relu6", "revleaky")
+         "stair", "hardtan", "lhtan", "selu", "swish", "mish", "hard_mish", "gelu", "relu6", "revleaky",
+         "gelu_tanh")
 CODES = {name: i for i, name in enumerate(NAMES)}
 #: Other spellings of the same functions: the YOLOR project's cfgs write `silu` for Darknet's `swish`.
 ALIASES = {"silu": "swish"}
 LOGISTIC, RELU, RELIE, LINEAR, RAMP, TANH, PLSE, LEAKY, ELU, LOGGY, STAIR, HARDTAN, LHTAN, SELU, \
-    SWISH, MISH, HARD_MISH, GELU, RELU6, REVLEAKY = range(len(NAMES))
-_NEEDS_INPUT = (SWISH, MISH, HARD_MISH, GELU)
+    SWISH, MISH, HARD_MISH, GELU, RELU6, REVLEAKY, GELU_TANH = range(len(NAMES))
+_NEEDS_INPUT = (SWISH, MISH, HARD_MISH, GELU, GELU_TANH)
+_INV_SQRT2 = 0.7071067811865476
+_INV_SQRT2PI = 0.3989422804014327
+_SQRT_2_PI = 0.7978845608028654            # sqrt(2/pi)
+_TANH_CUBIC = 0.044715 * _SQRT_2_PI
 
 
 def code(name: str) -> int:
@@ -95,7 +102,10 @@ def _act(x, a):
             return x * x / 2 + x
         return 0.0 * x
     if a == GELU:
-        return 0.5 * x * (1 + math.tanh(0.797885 * x + 0.035677 * x * x * x))
+        return 0.5 * x * (1 + math.erf(x * _INV_SQRT2))
+    if a == GELU_TANH:
+        # AlexeyAB's `gelu` formula, with the constants unrounded (it writes 0.797885, 0.035677)
+        return 0.5 * x * (1 + math.tanh(_SQRT_2_PI * x + _TANH_CUBIC * x * x * x))
     if a == RELU6:
         return min(max(x, 0.0 * x), 6.0 + 0.0 * x)
     return x
@@ -156,9 +166,11 @@ def _grad(y, x, a):
             return x + 1
         return 0.0
     if a == GELU:
-        u = 0.797885 * x + 0.035677 * x * x * x
+        return 0.5 * (1 + math.erf(x * _INV_SQRT2)) + x * _INV_SQRT2PI * math.exp(-0.5 * x * x)
+    if a == GELU_TANH:
+        u = _SQRT_2_PI * x + _TANH_CUBIC * x * x * x
         t = math.tanh(u)
-        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * (0.797885 + 3 * 0.035677 * x * x)
+        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * (_SQRT_2_PI + 3 * _TANH_CUBIC * x * x)
     if a == RELU6:
         return 1.0 if (x > 0 and x < 6) else 0.0
     return 1.0

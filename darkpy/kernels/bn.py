@@ -25,7 +25,7 @@ import math
 from numba import prange
 
 from . import PARALLEL_MIN, jit, pjit
-from .activations import GELU, HARD_MISH, LEAKY, LINEAR, LOGISTIC, MISH, RELU, SWISH, _act, _grad
+from .activations import GELU, GELU_TANH, HARD_MISH, LEAKY, LINEAR, LOGISTIC, MISH, RELU, SWISH, _act, _grad
 
 EPS = 1e-5              # inside the square root (darkpy, cuDNN, Darknet GPU, AlexeyAB)
 DARKNET_CPU_EPS = 1e-6  # outside the square root (pjreddie CPU forward)
@@ -35,7 +35,7 @@ MOMENTUM = 0.01         # rolling = (1 − MOMENTUM)·rolling + MOMENTUM·batch 
 @jit
 def needs_input(a):
     """The activations whose gradient needs the pre-activation (as activations.needs_input)."""
-    return a == SWISH or a == MISH or a == HARD_MISH or a == GELU
+    return a == SWISH or a == MISH or a == HARD_MISH or a == GELU or a == GELU_TANH
 
 
 @jit

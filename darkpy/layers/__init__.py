@@ -9,7 +9,9 @@ from .base import REGISTRY, Layer, Param, State, register  # noqa: F401
 _FAMILIES = (
     "convolutional", "connected", "batchnorm", "pooling", "dropout", "softmax", "cost", "logistic",
     "normalization", "activation", "route", "shortcut", "upsample", "reorg", "crop", "attention",
-    "yolo", "region", "detection", "recurrent", "local", "deconvolutional", "xnor", "share", "implicit", "yolor", "tree", "contrastive", "history", "gaussian_yolo", "conv_lstm",
+    "yolo", "region", "detection", "recurrent", "local", "deconvolutional",
+    "xnor", "share", "implicit", "yolor", "tree", "contrastive", "history", "gaussian_yolo", "conv_lstm",
+    "embedding", "layernorm", "mha", "xent",
 )
 FAMILIES_MISSING: list[str] = []
 for _name in _FAMILIES:

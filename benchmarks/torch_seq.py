@@ -1,0 +1,179 @@
+"""darkpy's sequence networks (cfg/tiny-gpt.cfg and friends) as PyTorch modules with copied weights,
+for checking equality (tests/test_torch_seq.py) and timing a training step against torch.
+
+The translation, layer by layer: `[embedding]` → `nn.Embedding` + a position table; `[layernorm]` →
+`nn.LayerNorm`; `[attention]` → `nn.MultiheadAttention` (batch_first; darkpy's (3D, D) `weights` is
+its `in_proj_weight`, the output projection its `out_proj`; causal and key-padding masks as bool
+masks); `[connected]` → `nn.Linear` + the activation (gelu exact / tanh); `[shortcut]` (one `from`,
+linear) → a sum; `[crossentropy]` → `F.cross_entropy(ignore_index, label_smoothing)`.
+
+darkpy rows are time-major (`t·S + s`); torch here works on (S, T, D) tensors. The training step
+is darkpy's: loss = the SUMMED cross-entropy divided by the full batch B (darkpy's update divides
+its summed gradient by B), `clip_grad_norm_`, then `torch.optim.AdamW` with decay on the weight
+matrices only (not biases, layer-norm gains or embedding tables).
+
+    python -m benchmarks.torch_seq [--cfg cfg/tiny-gpt.cfg] [--steps 5] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Unsupported(Exception):
+    pass
+
+
+def _p(a, dtype) -> nn.Parameter:
+    return nn.Parameter(torch.tensor(np.array(a), dtype=dtype))
+
+
+class TorchSeqNet(nn.Module):
+    def __init__(self, net, dtype=torch.float32):
+        super().__init__()
+        self.steps_t = net.config.time_steps
+        self.kinds, self.mods, self.extra = [], nn.ModuleList(), {}
+        self.decay_params: list[nn.Parameter] = []
+        for layer in net.layers:
+            kind = layer.kind
+            m = nn.Module()
+            if kind == "embedding":
+                m.emb = nn.Embedding(layer.vocab, layer.size, dtype=dtype)
+                m.emb.weight = _p(layer.table.value, dtype)
+                pos = layer.pos.value if layer.pos is not None else (
+                    layer.fixed_pos if layer.fixed_pos is not None else np.zeros((layer.steps, layer.size)))
+                if layer.pos is not None:
+                    m.pos = _p(pos, dtype)
+                else:
+                    m.register_buffer("pos", torch.tensor(np.array(pos), dtype=dtype))
+            elif kind == "layernorm":
+                m.ln = nn.LayerNorm(layer.n, eps=layer.eps, dtype=dtype)
+                m.ln.weight, m.ln.bias = _p(layer.scales.value, dtype), _p(layer.biases.value, dtype)
+            elif kind == "attention":
+                m.mha = nn.MultiheadAttention(layer.dim, layer.heads, dropout=layer.dropout, batch_first=True,
+                                              dtype=dtype)
+                m.mha.in_proj_weight = _p(layer.weights.value, dtype)
+                m.mha.in_proj_bias = _p(layer.biases.value, dtype)
+                m.mha.out_proj.weight = _p(layer.out_weights.value, dtype)
+                m.mha.out_proj.bias = _p(layer.out_biases.value, dtype)
+                self.decay_params += [m.mha.in_proj_weight, m.mha.out_proj.weight]
+                self.extra[layer.index] = (layer.causal, layer.pad)
+            elif kind == "connected":
+                if layer.batch_normalize or layer.activation not in ("linear", "gelu", "gelu_tanh", "relu"):
+                    raise Unsupported(f"[connected] {layer.activation} / batch_normalize")
+                m.fc = nn.Linear(layer.inputs, layer.n, dtype=dtype)
+                m.fc.weight, m.fc.bias = _p(layer.weights.value, dtype), _p(layer.biases.value, dtype)
+                self.decay_params.append(m.fc.weight)
+                self.extra[layer.index] = layer.activation
+            elif kind == "shortcut":
+                if len(layer.sources) != 1 or layer.activation != "linear":
+                    raise Unsupported("[shortcut] with several sources or an activation")
+                self.extra[layer.index] = layer.sources[0].index
+            elif kind == "crossentropy":
+                self.extra[layer.index] = (layer.ignore_index, layer.label_smoothing, layer.targets)
+                if layer.targets != "index":
+                    raise Unsupported("[crossentropy] targets=soft")
+            else:
+                raise Unsupported(f"layer {layer.index} [{kind}] has no translation here")
+            self.kinds.append(kind)
+            self.mods.append(m)
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids: (S, T) long → the input of the last layer, (S, T, V)."""
+        saved: list[torch.Tensor] = []
+        x = ids
+        T = ids.shape[1]
+        for i, (kind, m) in enumerate(zip(self.kinds, self.mods)):
+            if kind == "embedding":
+                x = m.emb(ids) + m.pos[:T]
+            elif kind == "layernorm":
+                x = m.ln(x)
+            elif kind == "attention":
+                causal, pad = self.extra[i]
+                mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1) if causal else None
+                kpm = (ids == pad) if pad >= 0 else None
+                x, _ = m.mha(x, x, x, attn_mask=mask, key_padding_mask=kpm, need_weights=False)
+            elif kind == "connected":
+                x = m.fc(x)
+                a = self.extra[i]
+                x = F.gelu(x) if a == "gelu" else F.gelu(x, approximate="tanh") if a == "gelu_tanh" else \
+                    F.relu(x) if a == "relu" else x
+            elif kind == "shortcut":
+                x = x + saved[self.extra[i]]
+            elif kind == "crossentropy":
+                break
+            saved.append(x)
+        return x
+
+    def loss(self, ids: torch.Tensor, targets: torch.Tensor, full_batch: int) -> torch.Tensor:
+        ignore, smooth, _ = self.extra[len(self.kinds) - 1]
+        z = self.logits(ids)
+        return F.cross_entropy(z.reshape(-1, z.shape[-1]), targets.reshape(-1), ignore_index=ignore,
+                               label_smoothing=smooth, reduction="sum") / full_batch
+
+    def optimizer(self, cfg, rate: float) -> torch.optim.AdamW:
+        decay = {id(p) for p in self.decay_params}
+        groups = [{"params": [p for p in self.parameters() if id(p) in decay], "weight_decay": cfg.weight_decay},
+                  {"params": [p for p in self.parameters() if id(p) not in decay], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=rate, betas=(cfg.B1, cfg.B2), eps=cfg.eps)
+
+
+def to_seq(rows: np.ndarray, steps: int) -> np.ndarray:
+    """darkpy's time-major (T·S, ...) rows → (S, T, ...)."""
+    return np.swapaxes(rows.reshape(steps, -1, *rows.shape[1:]), 0, 1)
+
+
+def time_step(cfg_path: str, steps: int = 5, threads: int = 2, seed: int = 0) -> dict:
+    """Seconds per training step (forward, backward, clip, AdamW) of darkpy and torch, same model."""
+    from darkpy.network import load_network
+    from darkpy.runtime import configure_threads
+
+    configure_threads(threads)
+    torch.set_num_threads(threads)
+    net = load_network(cfg_path, seed=seed)
+    T, B = net.config.time_steps, net.config.full_batch
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(32, 127, (net.batch, 1)).astype(np.float32)
+    tgt = rng.integers(32, 127, (net.batch, 1)).astype(np.float32)
+    tnet = TorchSeqNet(net)
+    opt = tnet.optimizer(net.config, net.config.learning_rate)
+    tid = torch.tensor(to_seq(ids[:, 0].astype(np.int64), T))
+    ttg = torch.tensor(to_seq(tgt[:, 0].astype(np.int64), T))
+
+    def darkpy_step():
+        net.forward(ids, tgt, train=True)
+        net.backward()
+        net.update()
+
+    def torch_step():
+        opt.zero_grad()
+        tnet.loss(tid, ttg, B).backward()
+        if net.config.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(tnet.parameters(), net.config.clip_norm)
+        opt.step()
+
+    out = {}
+    for name, fn in (("darkpy", darkpy_step), ("torch", torch_step)):
+        fn()                                             # warm-up (numba load, torch allocator)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        out[name] = (time.perf_counter() - t0) / steps
+    out["speedup"] = out["torch"] / out["darkpy"]
+    return out
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="darkpy vs torch: one Transformer training step")
+    ap.add_argument("--cfg", default="cfg/tiny-gpt.cfg")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    r = time_step(a.cfg, a.steps, a.threads)
+    print(f"{a.cfg}: darkpy {r['darkpy'] * 1000:.1f} ms/step, torch {r['torch'] * 1000:.1f} ms/step, "
+          f"darkpy speed = {r['speedup']:.2f}x torch")
