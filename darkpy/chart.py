@@ -12,6 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .atomic import atomic_write
+
 W, H = 800, 500
 LEFT, RIGHT, TOP, BOTTOM = 70, 20, 40, 50
 
@@ -81,7 +83,4 @@ def draw_loss_chart(path: str | os.PathLike, iterations: Sequence[int], losses: 
     d.text((LEFT + pw - 8, TOP + 8), "loss", fill=(90, 130, 210), font=font, anchor="ra")
     d.text((LEFT + pw - 8, TOP + 22), "avg loss", fill=(180, 20, 20), font=font, anchor="ra")
 
-    path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    img.save(tmp, format="PNG")
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: img.save(f, format="PNG"))

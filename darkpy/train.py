@@ -31,8 +31,9 @@ import numpy as np
 
 from .batches import (RESIZE_PERIOD, BatchPlan, augment_rng, multiscale_size,  # noqa: F401  (re-exported)
                       multiscale_sizes, network_rng)
-from .checkpoint import (SAVE_LAST, SAVE_WEIGHTS, STATE_VERSION, checkpoint_names, file_crc,  # noqa: F401
-                         read_state, remove_stale_temp_files, save_checkpoint, state_path, write_state)
+from .checkpoint import (SAVE_LAST, SAVE_WEIGHTS, STATE_VERSION, BackupLock, checkpoint_names,  # noqa: F401
+                         file_crc, read_state, remove_stale_temp_files, save_checkpoint, state_path,
+                         write_state)
 from .datafile import (cfg_base, check_classes, check_labels, class_names, classifier_labels,  # noqa: F401
                        data_candidates, find_data_file, is_detector, load_data_config, make_dataset,
                        positive_int, read_image_list, resolve_data_file)
@@ -165,7 +166,7 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
         try:
             net.load_weights(weights)
         except WeightsError as e:
-            raise WeightsError(f"{e} (was it trained with another cfg, input size or number of classes?)") from None
+            raise e.with_cfg_hint() from None
         if clear:
             net.seen = 0
             progress.message(f"Loaded {weights}; --clear: the iteration count starts at 0")
@@ -219,6 +220,7 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
 
     # -- output files -------------------------------------------------------------------------------
     os.makedirs(backup_dir, exist_ok=True)
+    lock = BackupLock(backup_dir, notify=progress.message)    # released in the `finally` below
     remove_stale_temp_files(backup_dir, base)
     log_path = os.path.join(backup_dir, f"{base}_log.csv")
     chart_path = os.path.join(backup_dir, "chart.png")
@@ -337,7 +339,10 @@ def train(cfg: str | os.PathLike, data: str | os.PathLike | None = None,
         progress.close()
         bad_labels = getattr(dataset, "bad_labels", None)
         if bad_labels:
-            dataset.write_bad_labels(os.path.join(backup_dir, "bad_label.list"))
+            bad_list = os.path.join(backup_dir, "bad_label.list")
+            dataset.write_bad_labels(bad_list)
+            progress.message(dataset.bad_labels_summary(bad_list))
+        lock.release()
     result = TrainResult(cfg, backup_dir, start, k, max_batches, written, interrupted,
                          time.perf_counter() - t_start, log_path, chart_path, records,
                          map=None if interrupted else final_map,
