@@ -102,14 +102,25 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) 
 
 @contextlib.contextmanager
 def deferred_signals() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM back (they stay pending and arrive when the block ends), so a second Ctrl-C
-    cannot stop a group of writes half-way. Only in the main thread, where Python delivers signals."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+    """Hold SIGINT/SIGTERM back until the block ends, so a second Ctrl-C cannot stop a group of writes
+    half-way: a signal that arrives meanwhile is recorded and raised again, to the handler that was
+    in place, when the block ends. Only in the main thread (the only one Python signal handlers run
+    in; a signal mask would not do, the kernel may hand the signal to a BLAS/numba thread)."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    sigs = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    pending: list[int] = []
+
+    def hold(signum, frame):
+        pending.append(signum)
+
+    old = {}
     try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old[sig] = signal.signal(sig, hold)
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(pending):
+            signal.raise_signal(sig)

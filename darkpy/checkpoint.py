@@ -304,7 +304,7 @@ class BackupLock:
         if previous and notify is not None:
             notify(f"Note: took over the stale lock of {self.path} left by a run that ended without "
                    f"releasing it ({previous})")
-        me = f"pid {os.getpid()}: {' '.join(sys.argv) or sys.executable}"
+        me = f"pid {os.getpid()}: {_command_line()}"
         os.ftruncate(fd, 0)
         os.pwrite(fd, (me + "\n").encode(), 0)
         self._fd = fd
@@ -329,6 +329,17 @@ class BackupLock:
 
     def __del__(self):
         self.release()
+
+
+def _command_line(limit: int = 300) -> str:
+    """This process's command line, on one line (from /proc where there is one)."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            args = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        args = [sys.executable, *sys.argv]
+    text = " ".join(" ".join(args).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _read_owner(fd: int) -> str:
