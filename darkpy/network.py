@@ -27,6 +27,8 @@ from . import layers as _layers  # noqa: F401  (registers every layer family)
 from .cfg import CfgDocument, CfgWarning, Section, load_cfg, parse_cfg
 from .errors import CfgError, StateError, TrainingError
 from .layers.base import REGISTRY, Layer, State, is_image, numel
+from .memory import MemoryLimitError, check_network_fits
+from .memory import shapes_only as _shapes_only
 from .optim import current_rate, update_params
 
 POLICIES = ("constant", "step", "steps", "exp", "poly", "random", "sigmoid", "sgdr")
@@ -202,7 +204,10 @@ def _build_layer(sec: Section, shape, net: NetConfig, layers: list[Layer], dtype
     if cls.needs_image and not is_image(shape):
         raise sec.error(f"the layer before [{sec.kind}] must output an image (got a flat vector of "
                         f"{numel(shape)} values)")
-    layer = cls.from_cfg(sec, shape, ctx)
+    try:
+        layer = cls.from_cfg(sec, shape, ctx)
+    except MemoryLimitError as e:
+        raise sec.error(str(e)) from None
     layer.section = sec
     layer.lr_scale = sec.get_float("learning_rate", 1.0)
     layer.stopbackward = sec.get_bool("stopbackward", False)
@@ -231,11 +236,18 @@ def _unknown_section_message(kind: str) -> str:
 class Network:
     """A Darknet network with preallocated buffers. See the module docstring for the state rules."""
 
-    def __init__(self, doc: CfgDocument, batch: int | None = None, dtype=np.float32, seed: int | None = 0):
+    def __init__(self, doc: CfgDocument, batch: int | None = None, dtype=np.float32, seed: int | None = 0,
+                 shapes_only: bool = False):
+        """Build every layer, check that the network fits in memory, initialise the weights and
+        allocate the buffers. `shapes_only=True` builds shapes and sizes only (`darkpy summary`): the
+        parameter arrays take no memory and must not be written, no buffer is allocated, and the
+        network cannot run."""
         self.doc = doc
         self.file = doc.file
         self.dtype = np.dtype(dtype)
-        self.config, self.layers = build_layers(doc, self.dtype)
+        self.shapes_only = shapes_only
+        with _shapes_only(shapes_only):
+            self.config, self.layers = build_layers(doc, self.dtype)
         self.seen = 0
         self.updates = 0                    # number of update() calls (Adam's t, lr schedule)
         self.rng = np.random.default_rng(seed)
@@ -246,6 +258,11 @@ class Network:
         self._deltas_dirty = True
         self.input: np.ndarray | None = None
         self.truth: np.ndarray | None = None
+        if shapes_only:
+            for layer in self.layers:
+                layer.batch = batch or self.config.minibatch
+            return
+        check_network_fits(self.layers, batch or self.config.minibatch, self.dtype, self.file)
         init_weights(self, np.random.default_rng(seed))
         self.allocate(batch or self.config.minibatch)
 
@@ -288,6 +305,10 @@ class Network:
     def allocate(self, batch: int) -> None:
         if batch < 1:
             raise StateError(f"batch must be >= 1 (got {batch})")
+        if self.shapes_only:
+            raise StateError(f"{self.file}: this network was built with shapes_only=True (sizes only); "
+                             f"build it without to run it")
+        check_network_fits(self.layers, batch, self.dtype, self.file)
         for layer in self.layers:
             layer.allocate(batch)
         self.input = np.zeros((batch, *self._input_shape), self.dtype)
@@ -568,7 +589,8 @@ def cfg_problems(doc: CfgDocument) -> list[tuple[str, bool]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CfgWarning)
         try:
-            build_layers(doc, on_error=caught.append)
+            with _shapes_only():              # shapes and sizes only: no weight is allocated
+                build_layers(doc, on_error=caught.append)
         except CfgError as e:
             caught.append(e)
         found = list(caught)

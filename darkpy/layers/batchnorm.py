@@ -17,6 +17,7 @@ import numpy as np
 from ..kernels import activations as act
 from ..kernels import bn as bnk
 from ..kernels import im2col as ic
+from ..memory import param_ones, param_zeros
 from .base import Layer, Param, State, is_image, register
 from .convolutional import BatchNormParams
 
@@ -29,7 +30,7 @@ class BatchNormLayer(Layer):
         super().__init__(index, in_shape, in_shape, dtype)
         c = self.in_shape[0] if is_image(self.in_shape) else self.inputs
         self.darknet_cpu_bn = False
-        self.biases = Param("biases", np.zeros(c, self.dtype), np.zeros(c, self.dtype))
+        self.biases = Param("biases", param_zeros(c, self.dtype), param_zeros(c, self.dtype))
         self.bn = BatchNormParams(c, self.dtype)
         self.params = [self.biases, self.bn.scales]
         self.xnorm = np.zeros((0,), self.dtype)
