@@ -19,8 +19,8 @@ from .atomic import human_bytes
 from .errors import DarkpyError
 
 _SHAPES_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("darkpy_shapes_only", default=False)
-#: more elements than numpy can index: not even a shapes-only array can have that shape
-MAX_ELEMENTS = 2 ** 62
+#: numpy's limit on an array's byte size: not even a shapes-only array can be larger
+MAX_BYTES = 2 ** 63 - 1
 
 
 class MemoryLimitError(DarkpyError):
@@ -70,7 +70,7 @@ def param_array(shape, dtype, fill: float = 0.0, what: str = "its weights") -> n
     dtype = np.dtype(dtype)
     n = _numel(shape)
     nbytes = n * dtype.itemsize
-    if n > MAX_ELEMENTS:
+    if nbytes > MAX_BYTES:
         raise MemoryLimitError(needs_message(nbytes, what))
     if is_shapes_only():
         return np.broadcast_to(np.array(fill, dtype), shape)

@@ -357,7 +357,8 @@ class Network:
                         where = (f" ({layer.section.file}:{layer.section.line})"
                                  if layer.section is not None else "")
                         why = e.message if isinstance(e, CfgError) else f"{e}"
-                        raise StateError(
+                        kind = CfgError if isinstance(e, CfgError) else StateError   # (the type callers catch)
+                        raise kind(
                             f"cannot resize to {w}x{h}: layer {layer.index} [{layer.kind}]{where} does not "
                             f"fit input {fmt_dims(shape)}: {why}; the network is unchanged "
                             f"({self.width}x{self.height})") from None
