@@ -261,3 +261,59 @@ def test_decompression_bomb_is_one_line_naming_the_file_and_setting(tmp_path, mo
     from darkpy.settings import SettingsError, load_settings
     with pytest.raises(SettingsError, match="max_pixels must be >= 1"):
         load_settings()
+
+
+# -- bounded memory ------------------------------------------------------------------------------------
+
+HUGE = """[net]
+batch=1
+width=100000
+height=100000
+channels=3
+
+[convolutional]
+filters=16
+size=3
+pad=1
+activation=leaky
+
+[connected]
+output={output}
+activation=linear
+"""
+
+
+def test_summary_and_cfg_check_allocate_nothing_for_a_huge_network(tmp_path):
+    import resource
+
+    from click.testing import CliRunner
+
+    from darkpy.cli import main
+
+    p = tmp_path / "huge.cfg"
+    p.write_text(HUGE.format(output=10))
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    r = CliRunner().invoke(main, ["summary", str(p)])
+    assert r.exit_code == 0, r.output
+    assert "Buffers: " in r.output and "TiB at batch 1" in r.output
+    r = CliRunner().invoke(main, ["cfg", "check", str(p)])
+    assert r.exit_code == 0 and r.output.strip().endswith(": ok"), r.output
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 100_000      # KiB
+
+
+def test_building_a_network_too_big_for_the_machine_is_refused_in_one_line(tmp_path):
+    from darkpy.errors import DarkpyError
+    from darkpy.memory import physical_memory
+
+    if physical_memory() is None:
+        pytest.skip("the system does not report its memory")
+    with pytest.raises(DarkpyError) as e:                  # the outputs: refused before allocating
+        network_from_text(HUGE.split("[connected]")[0])
+    msg = str(e.value)
+    assert "\n" not in msg and "the network needs" in msg and "TiB" in msg and "this machine has" in msg, msg
+    with pytest.raises(CfgError, match=r"\[section #1 connected\]: needs .* for its weights; this machine has"):
+        network_from_text(HUGE.format(output=10))          # a weight matrix larger than the machine
+    net = network_from_text(CLASSIFIER)
+    with pytest.raises(DarkpyError, match="the network needs"):
+        net.set_batch(10 ** 12)
+    assert net.batch == 2 or net.input.shape[0] == 2
