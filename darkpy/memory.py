@@ -80,7 +80,8 @@ def param_array(shape, dtype, fill: float = 0.0, what: str = "its weights") -> n
     try:
         return np.full(shape, fill, dtype) if fill else np.zeros(shape, dtype)
     except (MemoryError, ValueError):
-        raise MemoryLimitError(needs_message(nbytes, what)) from None
+        tail = f" (this machine has {human_bytes(have)})" if have else ""
+        raise MemoryLimitError(f"cannot allocate {human_bytes(nbytes)} for {what}: out of memory{tail}") from None
 
 
 def param_zeros(shape, dtype) -> np.ndarray:

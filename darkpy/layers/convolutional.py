@@ -75,8 +75,8 @@ class BatchNormParams:
         self.scales = Param("scales", param_ones(n, dtype), param_zeros(n, dtype), decay=False)
         self.rolling_mean = param_zeros(n, dtype)
         self.rolling_variance = param_zeros(n, dtype)
-        self.mean = np.zeros(n, dtype)       # batch statistics of the last training forward
-        self.variance = np.zeros(n, dtype)
+        self.mean = param_zeros(n, dtype)       # batch statistics of the last training forward
+        self.variance = param_zeros(n, dtype)
 
     def arrays(self) -> list[np.ndarray]:
         """The BN block as a .weights file stores it: scales, rolling mean, rolling variance."""

@@ -132,7 +132,7 @@ class LocalLayer(Layer):
         self.params = [self.biases, self.weights]
         self.pre = np.zeros((0,), self.dtype)
         self.ymat = np.zeros((0,), self.dtype)       # (L, n, nb) GEMM results / deltas, flat
-        self.wgrad_tmp = np.zeros((filters, ckk), self.dtype)
+        self.wgrad_tmp = param_zeros((filters, ckk), self.dtype)
         self.chunk = 1
 
     @classmethod
