@@ -1,6 +1,7 @@
 """Checkpoints: a `.weights` file (Darknet's format) and the `.state` file beside it (momentum, Adam
 moments, the update count, the seed and the running loss: what the `.weights` file cannot keep), their
-names and periods, and the clean-up of temp files a killed run left."""
+names and periods, the pair written as one unit (`save_checkpoint`), the clean-up of temp files a killed
+run left, and the lock that keeps a backup folder to one run (`BackupLock`)."""
 from __future__ import annotations
 
 import errno

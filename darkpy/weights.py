@@ -7,6 +7,8 @@ else int32 — 20 or 16 bytes. `major > 1000 or minor > 1000` flags connected ma
 Unlike Darknet (which silently keeps random values for whatever a short file lacks, and ignores
 trailing bytes) a file whose size does not fit the network is an error that says how many bytes were
 expected and found. Partial loading, for backbones like `darknet53.conv.74`, is opt-in with `upto`.
+The size is checked before the body is read, and the body is read straight into the layers' arrays;
+a file that is not a regular file (a FIFO, /dev/zero) or holds a NaN/inf is refused.
 """
 from __future__ import annotations
 
