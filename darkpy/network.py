@@ -487,13 +487,14 @@ class Network:
     def current_rate(self) -> float:
         return current_rate(self.config, self.seen // self.config.full_batch, self.rng)
 
-    def update(self, rate: float | None = None) -> float:
+    def update(self, rate: float | None = None, check_finite: bool = True) -> float:
         """One optimiser step over every learnable layer; returns the rate used. Gradients with a NaN
-        or inf (from NaN truth or a diverging loss) raise a TrainingError naming the layer before any
-        weight changes."""
+        or inf (from NaN truth, a diverging loss, a layer that produced NaN) raise a TrainingError
+        naming the layer before any weight changes; `check_finite=False` skips that check (Darknet's
+        behaviour: the NaN spreads into the weights)."""
         rate = self.current_rate() if rate is None else rate
         layers = [l for l in self.layers[self.frozen_upto() + 1:] if l.params]
-        for layer in layers:
+        for layer in layers if check_finite else ():
             for p in layer.params:
                 if not math.isfinite(float(p.grad.sum(dtype=np.float64))):
                     where = f" ({layer.section.file}:{layer.section.line})" if layer.section is not None else ""
