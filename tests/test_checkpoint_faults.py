@@ -174,7 +174,7 @@ def test_second_run_on_a_backup_folder_is_refused_then_a_stale_lock_is_taken_ove
     out = io.StringIO()
     r = run(proj, max_batches=2, progress=Progress("lines", stream=out))
     assert r.iteration == 2
-    assert f"took over the stale lock" in out.getvalue() and f"pid {holder.pid}" in out.getvalue()
+    assert "took over the stale lock" in out.getvalue() and f"pid {holder.pid}" in out.getvalue()
     assert not (b / C.LOCK_NAME).exists(), "a run that ends removes its lock"
 
 
