@@ -102,6 +102,7 @@ class Section:
         value = self._lookup(key, default, "a number")
         if value is None:
             return default
+        self._check_ascii_number(key, value, value)
         try:
             return float(value)
         except ValueError:
@@ -122,6 +123,7 @@ class Section:
             return default
         out = []
         for v in self._split(key, value):
+            self._check_ascii_number(key, v, value)
             try:
                 out.append(float(v))
             except ValueError:
@@ -142,7 +144,16 @@ class Section:
             raise self.error(f"unknown value (got {value!r}, expected one of {', '.join(choices)}){tip}", key)
         return value
 
+    def _check_ascii_number(self, key: str, value: str, whole: str) -> None:
+        """Python's int()/float() read Unicode digits (`３`) and `1_000`; Darknet's atoi/atof do not:
+        only ASCII numbers are accepted."""
+        if not value.isascii() or "_" in value:
+            what = "non-ASCII characters" if not value.isascii() else "an underscore"
+            raise self.error(f"not a number (got {whole!r}, which contains {what}; write numbers with "
+                             f"ASCII digits only)", key)
+
     def _to_int(self, key: str, value: str) -> int:
+        self._check_ascii_number(key, value, value)
         try:
             return int(value)
         except ValueError:

@@ -14,6 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .atomic import atomic_write
+
 W, H = 800, 500
 LEFT, RIGHT, TOP, BOTTOM = 70, 40, 40, 50
 
@@ -123,10 +125,7 @@ def draw_loss_chart(path: str | os.PathLike, iterations: Sequence[int], losses: 
     if points:
         _draw_metric(d, font, points, metric_name, px, pw, ph)
 
-    path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    img.save(tmp, format="PNG")
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: img.save(f, format="PNG"))
 
 
 def _draw_metric(d, font, points, name: str, px, pw: float, ph: float) -> None:

@@ -215,7 +215,7 @@ def summary(cfg, width, height, batch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CfgWarning)
         steps = doc.net.get_int("time_steps", 1) if doc.net.has("time_steps") else 1
-        net = Network(doc, batch=batch * max(steps, 1))
+        net = Network(doc, batch=batch * max(steps, 1), shapes_only=True)    # allocates nothing
     click.echo(net.summary())
 
 

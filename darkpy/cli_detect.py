@@ -33,7 +33,7 @@ def _load_detector(cfg: str, weights: str, batch: int = 1):
     try:
         net.load_weights(weights)
     except WeightsError as e:
-        raise WeightsError(f"{e} (was it trained with another cfg, input size or number of classes?)") from None
+        raise e.with_cfg_hint() from None
     return net
 
 

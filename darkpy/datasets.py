@@ -538,6 +538,22 @@ class DetectionData:
             self._boxes[k] = b
         return b
 
+    def bad_labels_summary(self, path: str | os.PathLike) -> str:
+        """One line for the user: how many label lines (and images without a label file) were skipped,
+        in how many files, and where the list is."""
+        lines, files, unlabelled = 0, set(), 0
+        for entry in self.bad_labels:
+            m = re.match(r"^(.*):(\d+): ", entry)
+            if m:
+                lines += 1
+                files.add(m[1])
+            else:
+                unlabelled += 1
+        text = f"{lines} label line{'s' if lines != 1 else ''} skipped in {len(files)} file{'s' if len(files) != 1 else ''}"
+        if unlabelled:
+            text += f", {unlabelled} image{'s' if unlabelled != 1 else ''} without a label file"
+        return f"{text}; see {os.fspath(path)}"
+
     def write_bad_labels(self, path: str | os.PathLike) -> int:
         """Write `bad_labels`, one per line; returns how many."""
         with open(path, "w", encoding="utf-8") as f:

@@ -36,7 +36,19 @@ class CfgError(DarkpyError):
 
 
 class WeightsError(DarkpyError):
-    """A .weights file that does not fit the network (size, header) or cannot be read."""
+    """A .weights file that does not fit the network (size, header) or cannot be read. `mismatch` is
+    True when the file is a weights file of another size (another cfg, input size or class count)."""
+
+    def __init__(self, message: str, mismatch: bool = False):
+        super().__init__(message)
+        self.mismatch = mismatch
+
+    def with_cfg_hint(self) -> "WeightsError":
+        """This error, with the likely cause appended when the file is of another network's size."""
+        if not self.mismatch:
+            return self
+        return WeightsError(f"{self} (was it trained with another cfg, input size or number of classes?)",
+                            mismatch=True)
 
 
 class DataError(DarkpyError):

@@ -94,7 +94,7 @@ def _load_for_inference(cfg, weights, notify=None):
     try:
         net.load_weights(weights)
     except WeightsError as e:
-        raise WeightsError(f"{e} (was it trained with another cfg, input size or number of classes?)") from None
+        raise e.with_cfg_hint() from None
     return net
 
 

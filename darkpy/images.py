@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, UnidentifiedImageError
@@ -48,7 +49,7 @@ def load_image(path: str | os.PathLike, channels: int = 3) -> np.ndarray:
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3 (got {channels})")
     try:
-        with Image.open(path) as im:
+        with _open_limited(path) as im:
             arr = _to_uint8(im, channels)
     except FileNotFoundError:
         raise DataError(f"{path}: no such image file") from None
@@ -65,6 +66,50 @@ def load_image(path: str | os.PathLike, channels: int = 3) -> np.ndarray:
         out = np.empty((arr.shape[2],) + arr.shape[:2], np.float32)
         np.divide(arr.transpose(2, 0, 1), _F32_255, out=out, dtype=np.float32)
     return out
+
+
+_max_pixels: int | None = None          # None: `[images] max_pixels` of darkpy.toml, read on first use
+_PIL_LIMIT = threading.Lock()
+
+
+def set_max_pixels(n: int | None) -> None:
+    """The largest image (w·h pixels) `load_image` decodes; None = darkpy.toml's `[images] max_pixels`
+    (default 178,956,970, Pillow's own limit)."""
+    global _max_pixels
+    if n is not None and n < 1:
+        raise ValueError(f"max_pixels must be >= 1 (got {n})")
+    _max_pixels = n
+
+
+def max_pixels() -> int:
+    global _max_pixels
+    if _max_pixels is None:
+        from .settings import load_settings
+        _max_pixels = load_settings().max_pixels
+    return _max_pixels
+
+
+def _open_limited(path) -> Image.Image:
+    """Image.open, with darkpy's pixel limit instead of Pillow's: an image over it is a one-line
+    DataError naming the file, its size and the setting; under it (when the setting raised the limit
+    past Pillow's) Pillow's own check is lifted for this one open."""
+    limit = max_pixels()
+    try:
+        im = Image.open(path)
+    except Image.DecompressionBombError:
+        with _PIL_LIMIT:               # only to read the header: the size decides below
+            old, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+            try:
+                im = Image.open(path)
+            finally:
+                Image.MAX_IMAGE_PIXELS = old
+    w, h = im.size
+    if w * h > limit:
+        im.close()
+        raise DataError(f"{path}: {w}x{h} image ({w * h:,} pixels) is over the limit of {limit:,} pixels "
+                        f"(a guard against decompression bombs); to allow it set max_pixels = {w * h} under "
+                        f"[images] in darkpy.toml")
+    return im
 
 
 def _to_uint8(im: Image.Image, channels: int) -> np.ndarray:

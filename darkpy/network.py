@@ -15,6 +15,7 @@ State rules (DESIGN §4), each enforced here and tested:
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -24,8 +25,10 @@ import numpy as np
 
 from . import layers as _layers  # noqa: F401  (registers every layer family)
 from .cfg import CfgDocument, CfgWarning, Section, load_cfg, parse_cfg
-from .errors import CfgError, StateError
+from .errors import CfgError, StateError, TrainingError
 from .layers.base import REGISTRY, Layer, State, is_image, numel
+from .memory import MemoryLimitError, check_network_fits
+from .memory import shapes_only as _shapes_only
 from .optim import clip_global_norm, current_rate, update_params
 
 POLICIES = ("constant", "step", "steps", "exp", "poly", "random", "sigmoid", "sgdr", "cosine")
@@ -260,7 +263,10 @@ def _build_layer(sec: Section, shape, net: NetConfig, layers: list[Layer], dtype
     if cls.needs_image and not is_image(shape):
         raise sec.error(f"the layer before [{sec.kind}] must output an image (got a flat vector of "
                         f"{numel(shape)} values)")
-    layer = cls.from_cfg(sec, shape, ctx)
+    try:
+        layer = cls.from_cfg(sec, shape, ctx)
+    except MemoryLimitError as e:
+        raise sec.error(str(e)) from None
     layer.section = sec
     layer.lr_scale = sec.get_float("learning_rate", 1.0)
     layer.stopbackward = sec.get_bool("stopbackward", False)
@@ -289,11 +295,18 @@ def _unknown_section_message(kind: str) -> str:
 class Network:
     """A Darknet network with preallocated buffers. See the module docstring for the state rules."""
 
-    def __init__(self, doc: CfgDocument, batch: int | None = None, dtype=np.float32, seed: int | None = 0):
+    def __init__(self, doc: CfgDocument, batch: int | None = None, dtype=np.float32, seed: int | None = 0,
+                 shapes_only: bool = False):
+        """Build every layer, check that the network fits in memory, initialise the weights and
+        allocate the buffers. `shapes_only=True` builds shapes and sizes only (`darkpy summary`): the
+        parameter arrays take no memory and must not be written, no buffer is allocated, and the
+        network cannot run."""
         self.doc = doc
         self.file = doc.file
         self.dtype = np.dtype(dtype)
-        self.config, self.layers = build_layers(doc, self.dtype)
+        self.shapes_only = shapes_only
+        with _shapes_only(shapes_only):
+            self.config, self.layers = build_layers(doc, self.dtype)
         self.seen = 0
         self.updates = 0                    # number of update() calls (Adam's t, lr schedule)
         self.grad_norm = float("nan")        # global L2 norm of the last update's gradient (clip_norm)
@@ -305,6 +318,11 @@ class Network:
         self._deltas_dirty = True
         self.input: np.ndarray | None = None
         self.truth: np.ndarray | None = None
+        if shapes_only:
+            for layer in self.layers:
+                layer.batch = batch or self.config.minibatch
+            return
+        check_network_fits(self.layers, batch or self.config.minibatch, self.dtype, self.file)
         init_weights(self, np.random.default_rng(seed))
         self.allocate(batch or self.config.minibatch)
 
@@ -347,6 +365,10 @@ class Network:
     def allocate(self, batch: int) -> None:
         if batch < 1:
             raise StateError(f"batch must be >= 1 (got {batch})")
+        if self.shapes_only:
+            raise StateError(f"{self.file}: this network was built with shapes_only=True (sizes only); "
+                             f"build it without to run it")
+        check_network_fits(self.layers, batch, self.dtype, self.file)
         for layer in self.layers:
             layer.allocate(batch)
         self.input = np.zeros((batch, *self._input_shape), self.dtype)
@@ -367,40 +389,96 @@ class Network:
         self.allocate(batch)
 
     def resize(self, w: int, h: int) -> None:
-        """Change the input width/height; recomputes every shape and reallocates every buffer."""
+        """Change the input width/height; recomputes every shape and reallocates every buffer. A size
+        that does not fit (a route or shortcut whose inputs no longer match, an input smaller than a
+        kernel) raises a one-line StateError naming the layer and the sizes, and leaves the network
+        exactly as it was."""
         if len(self._input_shape) != 3:
             raise StateError("cannot resize a network whose input is a flat vector")
+        if w < 1 or h < 1:
+            raise StateError(f"cannot resize to {w}x{h}: width and height must be >= 1")
+        saved = _snapshot([self])
         shape = (self._input_shape[0], h, w)
         new_input = shape
-        for layer in self.layers:
-            if layer.in_shape != shape or layer.refs:
-                layer.resize(shape)
-            shape = layer.out_shape
-        self._input_shape = new_input
-        self.allocate(self.batch)
+        try:
+            for layer in self.layers:
+                if layer.in_shape != shape or layer.refs:
+                    try:
+                        was_image = is_image(layer.out_shape)
+                        layer.resize(shape)
+                        if any(d < 1 for d in layer.out_shape):
+                            raise ValueError(f"its output would be {layer.out_shape}")
+                        if was_image and not is_image(layer.out_shape):
+                            raise ValueError(f"its output would become a flat vector of {layer.outputs} "
+                                             f"values (its inputs no longer have one width and height)")
+                    except StateError:
+                        raise
+                    except Exception as e:  # noqa: BLE001  (a layer's own error, whatever its type)
+                        where = (f" ({layer.section.file}:{layer.section.line})"
+                                 if layer.section is not None else "")
+                        why = e.message if isinstance(e, CfgError) else f"{e}"
+                        kind = CfgError if isinstance(e, CfgError) else StateError   # (the type callers catch)
+                        raise kind(
+                            f"cannot resize to {w}x{h}: layer {layer.index} [{layer.kind}]{where} does not "
+                            f"fit input {fmt_dims(shape)}: {why}; the network is unchanged "
+                            f"({self.width}x{self.height})") from None
+                shape = layer.out_shape
+            self._input_shape = new_input
+            self.allocate(self.batch)
+        except BaseException:
+            _restore(saved)
+            raise
 
     # -- compute ---------------------------------------------------------------------------------
     def _state(self, x, truth, train) -> State:
         return State(input=x, delta=None, truth=truth, train=train, layers=self.layers,
                      seen=self.seen, rng=self.rng, net=self)
 
-    def forward(self, x: np.ndarray, truth: np.ndarray | None = None, train: bool = False) -> np.ndarray:
-        """Run every layer. Returns the output layer's buffer (a view: copy it to keep it)."""
+    def _check_input(self, x, what: str = "forward", from_uint8: bool = False) -> np.ndarray:
+        """`x` as an array of shape (N, *input_shape) (or the flat (N, inputs)) in a float dtype;
+        anything else is a StateError naming what was expected and what was passed."""
         x = np.asarray(x)
-        n = x.shape[0] if x.ndim > 1 else 1
+        want = "(N, " + ", ".join(("C", "H", "W") if len(self._input_shape) == 3 else ("inputs",)) + ")"
+        dims = "x".join(str(d) for d in self._input_shape)
+        if x.dtype == np.uint8:
+            if not from_uint8:
+                raise StateError(f"{what}: uint8 input; pass from_uint8=True to scale 0..255 to [0, 1] "
+                                 f"(Darknet's byte/255), or give float32/float64 values in [0, 1]")
+            x = x.astype(self.dtype) / self.dtype.type(255)
+        elif x.dtype.kind != "f":
+            raise StateError(f"{what}: input dtype {x.dtype} is not supported; expected float32 or float64 "
+                             f"(or uint8 with from_uint8=True)")
+        n = numel(self._input_shape)
+        if x.ndim >= 2 and (x.shape[1:] == tuple(self._input_shape) or x.shape[1:] == (n,)):
+            return x
+        raise StateError(f"{what}: input shape {x.shape} does not fit the network: expected {want} = "
+                         f"(N, {', '.join(map(str, self._input_shape))}) (or (N, {n}) flat) for its "
+                         f"{dims} input")
+
+    def forward(self, x: np.ndarray, truth: np.ndarray | None = None, train: bool = False,
+                from_uint8: bool = False) -> np.ndarray:
+        """Run every layer on `x`, (N, C, H, W) (or (N, inputs) flat) float32/float64 in [0, 1] with
+        N = the network's batch; uint8 only with `from_uint8=True` (scaled by 1/255, Darknet's rule).
+        Returns the output layer's buffer (a view: copy it to keep it). A call that raises (wrong
+        shape, dtype, batch or truth) changes nothing."""
+        x = self._check_input(x, "forward", from_uint8)
+        n = x.shape[0]
         if n != self.batch:
             raise StateError(f"input has {n} rows but the network batch is {self.batch}; "
                              f"call set_batch({n}) first")
-        if x.size != n * numel(self._input_shape):
-            raise StateError(f"input has {x.size // max(n, 1)} values per item, the network expects "
-                             f"{numel(self._input_shape)} {self._input_shape}")
-        np.copyto(self.input, x.reshape(self.input.shape), casting="same_kind")
         if truth is not None:
             truth = np.asarray(truth)
-            if truth.size != self.truth.size:
-                raise StateError(f"truth has {truth.size // n} values per item, the network expects "
-                                 f"{self.truths}")
-            np.copyto(self.truth, truth.reshape(self.truth.shape), casting="same_kind")
+            if truth.dtype.kind not in "fiub" or truth.size != self.truth.size:
+                raise StateError(f"truth has {truth.size // max(n, 1)} values per item ({truth.dtype}), the "
+                                 f"network expects {self.truths} numbers per item")
+            bad = ~np.isfinite(truth.astype(np.float64, copy=False))
+            if bad.any():
+                row = int(np.argwhere(bad.reshape(n, -1))[0][0])
+                raise StateError(f"truth has {int(bad.sum())} non-finite values (NaN/inf), the first in "
+                                 f"item {row}; nothing was run")
+        np.copyto(self.input, x.reshape(self.input.shape), casting="same_kind")
+        if truth is not None:
+            np.copyto(self.truth, truth.reshape(self.truth.shape), casting="unsafe")
         t = self.truth if truth is not None else None
         if train:                       # (a forward with truth alone: cost layers size their own)
             self.allocate_training()
@@ -420,11 +498,14 @@ class Network:
         self._compute_cost()
         return self.output
 
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """Inference on `x` (N, C, H, W) or (N, inputs) in [0, 1]; returns a copy of the output."""
-        x = np.asarray(x, dtype=self.dtype)
-        if x.ndim == len(self._input_shape):
+    def predict(self, x: np.ndarray, from_uint8: bool = False) -> np.ndarray:
+        """Inference on `x` (N, C, H, W), (C, H, W) for one item, or (N, inputs) flat, float32/float64
+        in [0, 1] (uint8 with `from_uint8=True`, scaled by 1/255). Changes the batch to N when it
+        differs. Returns a copy of the output. A wrong shape or dtype changes nothing."""
+        x = np.asarray(x)
+        if x.ndim == len(self._input_shape) and x.ndim >= 1 and tuple(x.shape) == tuple(self._input_shape):
             x = x[None]
+        x = self._check_input(x, "predict", from_uint8).astype(self.dtype, copy=False)
         if x.shape[0] != self.batch:
             self.set_batch(x.shape[0])
         return self.forward(x, None, train=False).copy()
@@ -466,16 +547,26 @@ class Network:
     def current_rate(self) -> float:
         return current_rate(self.config, self.seen // self.config.full_batch, self.rng)
 
-    def update(self, rate: float | None = None) -> float:
-        """One optimiser step over every learnable layer; returns the rate used."""
+    def update(self, rate: float | None = None, check_finite: bool = True) -> float:
+        """One optimiser step over every learnable layer; returns the rate used. Gradients with a NaN
+        or inf (from NaN truth, a diverging loss, a layer that produced NaN) raise a TrainingError
+        naming the layer before any weight changes; `check_finite=False` skips that check (Darknet's
+        behaviour: the NaN spreads into the weights)."""
         rate = self.current_rate() if rate is None else rate
+        layers = [l for l in self.layers[self.frozen_upto() + 1:] if l.params]
+        for layer in layers if check_finite else ():
+            for p in layer.params:
+                if not math.isfinite(float(p.grad.sum(dtype=np.float64))):
+                    where = f" ({layer.section.file}:{layer.section.line})" if layer.section is not None else ""
+                    raise TrainingError(f"update: layer {layer.index} [{layer.kind}]{where} has a non-finite "
+                                        f"gradient for its {p.name} (NaN/inf: check the truth and the loss); "
+                                        f"no weight was changed")
         self.updates += 1
         B = self.config.full_batch
-        learning = [layer for layer in self.layers[self.frozen_upto() + 1:] if layer.params]
         if self.config.clip_norm > 0:
-            self.grad_norm = clip_global_norm([p.grad for layer in learning for p in layer.params], B,
+            self.grad_norm = clip_global_norm([p.grad for layer in layers for p in layer.params], B,
                                               self.config.clip_norm)
-        for layer in learning:
+        for layer in layers:
             update_params(layer.params, self.config, rate * layer.lr_scale, B, self.updates)
         return rate
 
@@ -492,6 +583,38 @@ class Network:
     def summary(self) -> str:
         from .summary import summary_text
         return summary_text(self)
+
+
+def _snapshot(objs) -> list[tuple[object, dict]]:
+    """A shallow copy of the attributes of `objs` and of every darkpy object they hold (layers, their
+    inner layers and helpers), so that `_restore` puts back exactly what was there (arrays included,
+    by reference: resize and allocate replace arrays, they do not write into them)."""
+    out: list[tuple[object, dict]] = []
+    seen: set[int] = set()
+    stack = list(objs)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        attrs = dict(vars(obj))
+        out.append((obj, attrs))
+        for v in attrs.values():
+            for item in (v if isinstance(v, (list, tuple)) else (v,)):
+                if hasattr(item, "__dict__") and type(item).__module__.startswith("darkpy.layers"):
+                    stack.append(item)
+    return out
+
+
+def _restore(saved: list[tuple[object, dict]]) -> None:
+    for obj, attrs in saved:
+        vars(obj).clear()
+        vars(obj).update(attrs)
+
+
+def fmt_dims(shape) -> str:
+    """(c, h, w) as `WxHxC`; a flat shape as its size."""
+    return f"{shape[2]}x{shape[1]}x{shape[0]}" if len(shape) == 3 else str(numel(shape))
 
 
 def init_weights(net: Network, rng: np.random.Generator) -> None:
@@ -539,7 +662,8 @@ def cfg_problems(doc: CfgDocument) -> list[tuple[str, bool]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CfgWarning)
         try:
-            build_layers(doc, on_error=caught.append)
+            with _shapes_only():              # shapes and sizes only: no weight is allocated
+                build_layers(doc, on_error=caught.append)
         except CfgError as e:
             caught.append(e)
         found = list(caught)

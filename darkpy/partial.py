@@ -55,6 +55,8 @@ def weights_hint(error: WeightsError, net, cfg, weights, data=None) -> str:
     class-independent first layers, the exact commands that start from them."""
     from .weights import expected_bytes, read_header
 
+    if not getattr(error, "mismatch", True):      # not a size mismatch: no hint about other cfgs
+        return str(error)
     n = class_independent_layers(net)
     try:
         size = os.path.getsize(weights)
@@ -68,6 +70,7 @@ def weights_hint(error: WeightsError, net, cfg, weights, data=None) -> str:
     w, c = os.fspath(weights), os.fspath(cfg)
     out = f"{os.path.splitext(os.path.basename(w))[0]}.conv.{n}"
     data_arg = f" --data {q(os.fspath(data))}" if data is not None else ""
-    return (f"{error}. If it is this network trained for another number of classes, its first {n} layers "
+    base = str(error).split("; to load only the first N layers")[0]    # the exact commands replace the generic hint
+    return (f"{base}. If it is this network trained for another number of classes, its first {n} layers "
             f"fit: `darkpy train {q(c)}{data_arg} --weights {q(w)} --upto {n}`, or cut them once with "
             f"`darkpy partial {q(c)} {q(w)} {q(out)} {n}` and train with --weights {q(out)}")

@@ -13,6 +13,8 @@ seed = 0              # weight init, shuffling and augmentation
 threads = 0           # numba + BLAS threads; 0 = all cores
 progress = "auto"     # "auto" (bar on a terminal, lines otherwise), "bar", "lines", "none"
 strict = false        # every cfg/data warning is an error (`train --strict`)
+[images]
+max_pixels = 178956970  # larger images are refused (a decompression-bomb guard; Pillow's own limit)
 ```
 """
 from __future__ import annotations
@@ -33,7 +35,10 @@ _SCHEMA: dict[str, dict[str, tuple[type, str]]] = {
     "paths": {"backup": (str, "backup")},
     "run": {"seed": (int, "seed"), "threads": (int, "threads"), "progress": (str, "progress"),
             "strict": (bool, "strict")},
+    "images": {"max_pixels": (int, "max_pixels")},
 }
+#: Pillow's own refusal threshold (2 x Image.MAX_IMAGE_PIXELS): the default image size limit
+MAX_PIXELS = 178_956_970
 
 
 class SettingsError(DarkpyError):
@@ -50,6 +55,7 @@ class Settings:
     threads: int = 0
     progress: str = "auto"
     strict: bool = False             # cfg/data warnings are errors (see darkpy.errors.strict_warnings)
+    max_pixels: int = MAX_PIXELS     # images with more pixels are refused (`[images] max_pixels`)
     file: str | None = None          # the darkpy.toml the values came from, if any
 
     def override(self, **flags) -> "Settings":
@@ -71,6 +77,8 @@ class Settings:
             raise SettingsError(f"{where}: threads must be >= 0, 0 meaning all cores (got {self.threads})")
         if self.seed < 0:
             raise SettingsError(f"{where}: seed must be >= 0 (got {self.seed})")
+        if self.max_pixels < 1:
+            raise SettingsError(f"{where}: images.max_pixels must be >= 1 (got {self.max_pixels})")
         if not self.backup:
             raise SettingsError(f"{where}: backup must name a folder")
 

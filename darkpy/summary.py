@@ -11,6 +11,11 @@ HEADER = "layer     filters    size              input                output"
 
 
 def _buffer_bytes(net) -> int:
+    if getattr(net, "shapes_only", False):      # nothing allocated: outputs and workspace, from shapes
+        total = sum(net.batch * layer.outputs * net.dtype.itemsize for layer in net.layers)
+        cols = [getattr(layer, "col_shape", None) for layer in net.layers]
+        return total + max((c[0] * c[1] for c in cols if c is not None and len(c) == 2),
+                           default=0) * net.dtype.itemsize
     total = 0
     for layer in net.layers:
         for name in ("output", "delta", "loss"):
@@ -27,11 +32,11 @@ def _buffer_bytes(net) -> int:
 
 
 def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if n < 1024 or unit == "EiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover
+    return f"{n:.1f} EiB"  # pragma: no cover
 
 
 def summary_text(net) -> str:
@@ -50,5 +55,6 @@ def summary_text(net) -> str:
     lines.append(f"Parameters: {params:,} in the .weights file ({_human_bytes(file_bytes)}), "
                  f"{learnable:,} learnable")
     lines.append(f"BFLOPs: {bflops:.3f}" if bflops >= 0.01 else f"BFLOPs: {bflops:.6f}")
-    lines.append(f"Buffers: {_human_bytes(_buffer_bytes(net))} at batch {net.batch}")
+    what = " (outputs and im2col workspace)" if getattr(net, "shapes_only", False) else ""
+    lines.append(f"Buffers: {_human_bytes(_buffer_bytes(net))} at batch {net.batch}{what}")
     return "\n".join(lines)

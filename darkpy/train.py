@@ -43,8 +43,9 @@ import numpy as np
 
 from .batches import (RESIZE_PERIOD, BatchPlan, augment_rng, image_rngs, multiscale_size,  # noqa: F401
                       multiscale_sizes, network_rng, pass_rng)
-from .checkpoint import (SAVE_LAST, SAVE_WEIGHTS, STATE_VERSION, checkpoint_names, file_crc,  # noqa: F401
-                         read_state, remove_stale_temp_files, save_checkpoint, state_path, write_state)
+from .checkpoint import (SAVE_LAST, SAVE_WEIGHTS, STATE_VERSION, BackupLock, checkpoint_names,  # noqa: F401
+                         file_crc, read_state, remove_stale_temp_files, save_checkpoint, state_path,
+                         write_state)
 from .datafile import (cfg_base, check_classes, check_labels, class_names, classifier_labels,  # noqa: F401
                        data_candidates, find_data_file, is_detector, load_data_config, make_dataset,
                        positive_int, read_image_list, require_lists, resolve_data_file)
@@ -402,8 +403,10 @@ class TrainingLoop:
         meta = setup.meta
         self.avg = float(meta["avg_loss"]) if meta and meta.get("avg_loss") is not None else -1.0
         self.log = None
+        self.lock = None
         if self.writer:
             os.makedirs(setup.backup_dir, exist_ok=True)
+            self.lock = BackupLock(setup.backup_dir, notify=progress.message)   # released at the end of run()
             remove_stale_temp_files(setup.backup_dir, setup.base)
             self.log = CsvLog(self.log_path, resume_from=setup.start if setup.start > 0 else None)
             if self.avg < 0 and self.log.records:
@@ -468,7 +471,11 @@ class TrainingLoop:
             self.progress.close()
             if self.writer and bad_labels:
                 s.dataset.bad_labels[:] = bad_labels
-                s.dataset.write_bad_labels(os.path.join(s.backup_dir, "bad_label.list"))
+                bad_list = os.path.join(s.backup_dir, "bad_label.list")
+                s.dataset.write_bad_labels(bad_list)
+                self.progress.message(s.dataset.bad_labels_summary(bad_list))
+            if self.lock is not None:
+                self.lock.release()
         return TrainResult(s.cfg, s.backup_dir, s.start, self.k, s.max_batches, self.written, interrupted, 0.0,
                            self.log_path, self.chart_path, self.records,
                            map=None if interrupted else self.final_map,

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import darkpy.checkpoint as C
 import darkpy.network
 import darkpy.train as T
 from darkpy.errors import DataError, TrainingError
@@ -341,10 +342,19 @@ def test_resume_past_max_batches_says_what_to_do(proj):
 
 # -- atomic checkpoints --------------------------------------------------------------------------------
 
+def _pair_is_consistent(proj, weights: Path) -> dict:
+    net = load_network(proj.cfg, weights=weights)
+    meta, why = T.read_state(T.state_path(weights), net, T.file_crc(weights))
+    assert meta is not None, why
+    return meta
+
+
 def test_a_crash_while_writing_leaves_the_previous_checkpoint(proj, monkeypatch):
     run(proj, max_batches=4, save_last=2)
-    last = Path(proj.backup) / "tiny_last.weights"
+    b = Path(proj.backup)
+    last = b / "tiny_last.weights"
     before = last.read_bytes(), Path(T.state_path(last)).read_bytes()
+    listing = sorted(p.name for p in b.iterdir())
     real = np.savez
     calls = []
 
@@ -358,13 +368,11 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(proj, monkeypatch)
         run(proj, weights=str(last), max_batches=8, save_last=2)
     monkeypatch.setattr(T.np, "savez", real)
     assert calls
-    # the weights were renamed into place, the state was not: the pair no longer matches, which
-    # read_state detects; the previous state file itself is intact
-    assert Path(T.state_path(last)).read_bytes() == before[1]
-    net = load_network(proj.cfg, weights=last)
-    meta, why = T.read_state(T.state_path(last), net, T.file_crc(last))
-    assert meta is None and "another version" in why
-    # and a crash before the weights' rename leaves the old file byte for byte
+    # the state is written before the weights are renamed: the previous pair is intact, byte for byte
+    assert (last.read_bytes(), Path(T.state_path(last)).read_bytes()) == before
+    assert _pair_is_consistent(proj, last)["iteration"] == 4
+    assert sorted(p.name for p in b.iterdir()) == listing, "no temp file is left behind"
+    # a crash at the weights' rename: the same
     real_replace = os.replace
 
     def no_rename(src, dst):
@@ -372,14 +380,30 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(proj, monkeypatch)
             raise KeyboardInterrupt
         real_replace(src, dst)
 
-    snapshot = last.read_bytes()
     monkeypatch.setattr(os, "replace", no_rename)
     with pytest.raises(KeyboardInterrupt):
         run(proj, weights=str(last), max_batches=12, save_last=1, clear=True)
     monkeypatch.setattr(os, "replace", real_replace)
-    assert last.read_bytes() == snapshot
-    T.remove_stale_temp_files(proj.backup, "tiny")       # our own pid is alive: its temp file stays
-    assert list(Path(proj.backup).glob("*.tmp*"))
+    assert (last.read_bytes(), Path(T.state_path(last)).read_bytes()) == before
+    assert sorted(p.name for p in b.iterdir()) == listing
+
+    # a crash after the weights' rename, before the state's: the new pair is found
+    def no_state_rename(src, dst):
+        if str(dst).endswith("_last.state") and not str(src).endswith(f".tmp{os.getpid()}"):
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", no_state_rename)
+    with pytest.raises(KeyboardInterrupt):
+        run(proj, weights=str(last), max_batches=12, save_last=1)
+    monkeypatch.setattr(os, "replace", real_replace)
+    pending = [p.name for p in b.glob("tiny_last.*.state")]
+    assert len(pending) == 1 and last.read_bytes() != before[0]
+    assert _pair_is_consistent(proj, last)["iteration"] == 5
+    T.remove_stale_temp_files(proj.backup, "tiny")          # settles it: x.<crc>.state -> x.state
+    assert not list(b.glob("tiny_last.*.state"))
+    assert _pair_is_consistent(proj, last)["iteration"] == 5
+    assert C.newest_checkpoint(b, "tiny")[0] == str(last)
 
 
 def test_stale_temp_files_of_dead_processes_are_removed(tmp_path):

@@ -18,6 +18,7 @@ import numpy as np
 from ..kernels import activations as act
 from ..kernels import bn as bnk
 from ..kernels import im2col as ic
+from ..memory import param_zeros
 from .base import Layer, Param, State, is_image, register
 from .convolutional import BatchNormParams
 
@@ -30,7 +31,7 @@ class BatchNormLayer(Layer):
         super().__init__(index, in_shape, in_shape, dtype)
         c = self.in_shape[0] if is_image(self.in_shape) else self.inputs
         self.darknet_cpu_bn = False
-        self.biases = Param("biases", np.zeros(c, self.dtype), np.zeros(c, self.dtype))
+        self.biases = Param("biases", param_zeros(c, self.dtype), param_zeros(c, self.dtype))
         self.bn = BatchNormParams(c, self.dtype)
         self.params = [self.biases, self.bn.scales]
         self.xnorm = np.zeros((0,), self.dtype)

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..kernels import activations as act
 from ..kernels import im2col as ic
+from ..memory import param_zeros
 from .base import Layer, Param, State, register
 from .convolutional import (BatchNormParams, allocate_bias_bn_act_training, backward_bias_bn_act,
                             forward_bias_bn_act)
@@ -37,9 +38,9 @@ class ConnectedLayer(Layer):
         self.batch_normalize = batch_normalize
         #: True: reproduce pjreddie's CPU batch norm (for comparing with its dumps); see kernels/bn.py.
         self.darknet_cpu_bn = False
-        self.biases = Param("biases", np.zeros(outputs, self.dtype), np.zeros(outputs, self.dtype))
-        self.weights = Param("weights", np.zeros((outputs, n_in), self.dtype),
-                             np.zeros((outputs, n_in), self.dtype), decay=True)
+        self.biases = Param("biases", param_zeros(outputs, self.dtype), param_zeros(outputs, self.dtype))
+        self.weights = Param("weights", param_zeros((outputs, n_in), self.dtype),
+                             param_zeros((outputs, n_in), self.dtype), decay=True)
         self.bn = BatchNormParams(outputs, self.dtype) if batch_normalize else None
         self.params = [self.biases, self.weights] + ([self.bn.scales] if self.bn else [])
         self.pre = np.zeros((0,), self.dtype)       # pre-activation (swish/mish/...: their gradient needs it)

@@ -30,6 +30,7 @@ from ..kernels import activations as act
 from ..kernels import bn as bnk
 from ..kernels import im2col as ic
 from ..kernels import winograd as wg
+from ..memory import param_ones, param_zeros
 from .base import Layer, Param, State, fmt_shape, register
 
 #: Per-item multiply-adds (n/g · c/g·k·k · oh·ow) from which a batch's items are put side by side
@@ -77,11 +78,11 @@ class BatchNormParams:
     over `n` channels; shared by conv and connected. β lives in the owning layer's `biases`."""
 
     def __init__(self, n: int, dtype):
-        self.scales = Param("scales", np.ones(n, dtype), np.zeros(n, dtype), decay=False)
-        self.rolling_mean = np.zeros(n, dtype)
-        self.rolling_variance = np.zeros(n, dtype)
-        self.mean = np.zeros(n, dtype)       # batch statistics of the last training forward
-        self.variance = np.zeros(n, dtype)
+        self.scales = Param("scales", param_ones(n, dtype), param_zeros(n, dtype), decay=False)
+        self.rolling_mean = param_zeros(n, dtype)
+        self.rolling_variance = param_zeros(n, dtype)
+        self.mean = param_zeros(n, dtype)       # batch statistics of the last training forward
+        self.variance = param_zeros(n, dtype)
 
     def arrays(self) -> list[np.ndarray]:
         """The BN block as a .weights file stores it: scales, rolling mean, rolling variance."""
@@ -114,9 +115,9 @@ class ConvolutionalLayer(Layer):
         self.flipped = flipped
         #: True: reproduce pjreddie's CPU batch norm (for comparing with its dumps); see kernels/bn.py.
         self.darknet_cpu_bn = False
-        self.biases = Param("biases", np.zeros(filters, self.dtype), np.zeros(filters, self.dtype))
-        self.weights = Param("weights", np.zeros((filters, c // groups, size, size), self.dtype),
-                             np.zeros((filters, c // groups, size, size), self.dtype), decay=True)
+        self.biases = Param("biases", param_zeros(filters, self.dtype), param_zeros(filters, self.dtype))
+        self.weights = Param("weights", param_zeros((filters, c // groups, size, size), self.dtype),
+                             param_zeros((filters, c // groups, size, size), self.dtype), decay=True)
         self.bn = BatchNormParams(filters, self.dtype) if batch_normalize else None
         self.params = [self.biases] + ([self.bn.scales] if self.bn else []) + [self.weights]
         self.pre = np.zeros((0,), self.dtype)      # pre-activation (swish/mish/...: their gradient needs it)

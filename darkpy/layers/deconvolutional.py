@@ -19,6 +19,7 @@ import numpy as np
 
 from ..kernels import activations as act
 from ..kernels import im2col as ic
+from ..memory import param_zeros
 from .base import Layer, Param, State, fmt_shape, register
 from .convolutional import (BatchNormParams, allocate_bias_bn_act_training, backward_bias_bn_act,
                             forward_bias_bn_act)
@@ -45,9 +46,9 @@ class DeconvolutionalLayer(Layer):
         self.batch_normalize = batch_normalize
         #: True: reproduce pjreddie's CPU batch norm (for comparing with its dumps); see kernels/bn.py.
         self.darknet_cpu_bn = False
-        self.biases = Param("biases", np.zeros(filters, self.dtype), np.zeros(filters, self.dtype))
-        self.weights = Param("weights", np.zeros((c, filters, size, size), self.dtype),
-                             np.zeros((c, filters, size, size), self.dtype), decay=True)
+        self.biases = Param("biases", param_zeros(filters, self.dtype), param_zeros(filters, self.dtype))
+        self.weights = Param("weights", param_zeros((c, filters, size, size), self.dtype),
+                             param_zeros((c, filters, size, size), self.dtype), decay=True)
         self.bn = BatchNormParams(filters, self.dtype) if batch_normalize else None
         self.params = [self.biases] + ([self.bn.scales] if self.bn else []) + [self.weights]
         self.pre = np.zeros((0,), self.dtype)

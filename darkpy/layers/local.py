@@ -26,6 +26,7 @@ from ..kernels import activations as act
 from ..kernels import im2col as ic
 from ..kernels import pjit
 from ..kernels.activations import _act, _grad
+from ..memory import param_zeros
 from .base import Layer, Param, State, fmt_shape, register
 
 
@@ -124,14 +125,14 @@ class LocalLayer(Layer):
         self.activation = activation
         self.act = act.code(activation)
         ckk = c * size * size
-        self.biases = Param("biases", np.zeros((filters, self.locations), self.dtype),
-                            np.zeros((filters, self.locations), self.dtype))
-        self.weights = Param("weights", np.zeros((self.locations, filters, ckk), self.dtype),
-                             np.zeros((self.locations, filters, ckk), self.dtype), decay=True)
+        self.biases = Param("biases", param_zeros((filters, self.locations), self.dtype),
+                            param_zeros((filters, self.locations), self.dtype))
+        self.weights = Param("weights", param_zeros((self.locations, filters, ckk), self.dtype),
+                             param_zeros((self.locations, filters, ckk), self.dtype), decay=True)
         self.params = [self.biases, self.weights]
         self.pre = np.zeros((0,), self.dtype)
         self.ymat = np.zeros((0,), self.dtype)       # (L, n, nb) GEMM results / deltas, flat
-        self.wgrad_tmp = np.zeros((filters, ckk), self.dtype)
+        self.wgrad_tmp = param_zeros((filters, ckk), self.dtype)
         self.chunk = 1
 
     @classmethod
