@@ -1,7 +1,8 @@
 """Darknet's layer table (spec §13) plus totals: parameters, BFLOPs, buffer memory.
 
 The table is Darknet's own (header, then `%5d ` and each layer's line), so it reads like the one
-Darknet prints when it loads a network. The totals below it are darkpy's: learnable parameters (and
+Darknet prints when it loads a network; darkpy's own sections (embedding, layernorm, attention,
+crossentropy) add their parameter count and FLOPs per token (row) to their line. The totals below it are darkpy's: learnable parameters (and
 the `.weights` file size they make), BFLOPs summed over every layer that reports them, and the memory
 of the preallocated buffers (output, delta, loss, per-layer caches, the largest im2col workspace).
 """
@@ -45,7 +46,12 @@ def summary_text(net) -> str:
     flops = 0.0
     for layer in net.layers:
         flops += layer.flops()
-        lines.append(f"{layer.index:5d} {layer.summary()}")
+        line = f"{layer.index:5d} {layer.summary()}"
+        if getattr(layer, "own_section", False):
+            # darkpy's own sections (no Darknet line to match): their parameters and FLOPs per row
+            n = sum(arr.size for arr in layer.weight_arrays())
+            line += f"  {n:,} params, {layer.flops():,.0f} FLOPs/token"
+        lines.append(line)
     params = sum(a.size for layer in net.layers for a in layer.weight_arrays())
     learnable = sum(p.value.size for layer in net.layers for p in layer.params)
     file_bytes = 20 + 4 * params

@@ -330,3 +330,23 @@ def test_crossentropy_rejects_bad_targets():
     net = network_from_text("[net]\nbatch=2\ninputs=3\n[crossentropy]\n")
     with pytest.raises(StateError, match="target 3; targets"):
         net.forward(np.zeros((2, 3)), np.array([[1.0], [3.0]]), train=True)
+
+
+def test_summary_shows_the_new_sections_with_parameters_and_flops():
+    from pathlib import Path
+
+    from darkpy.cfg import load_cfg
+    from darkpy.network import Network
+
+    cfg = Path(__file__).resolve().parents[1] / "cfg" / "tiny-gpt-sort.cfg"
+    net = Network(load_cfg(cfg), batch=18, shapes_only=True)
+    lines = net.summary().splitlines()
+    by_kind = {}
+    for layer, line in zip(net.layers, lines[1:]):
+        by_kind.setdefault(layer.kind, (layer, line))
+    for kind in ("embedding", "layernorm", "attention"):
+        layer, line = by_kind[kind]
+        n = sum(a.size for a in layer.weight_arrays())
+        assert n > 0 and f"{n:,} params, {layer.flops():,.0f} FLOPs/token" in line, line
+    attn = by_kind["attention"][0]
+    assert attn.flops() == 2 * 4 * attn.dim ** 2 + 2 * 2 * attn.steps * attn.dim

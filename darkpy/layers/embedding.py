@@ -35,6 +35,7 @@ def sinusoidal_table(steps: int, size: int, dtype=np.float64) -> np.ndarray:
 @register
 class EmbeddingLayer(Layer):
     kind = "embedding"
+    own_section = True      # darkpy's own section: `darkpy summary` adds its parameters and FLOPs
     resizable = False
 
     def __init__(self, index: int, vocab: int, size: int, steps: int, positions: str = "learned",

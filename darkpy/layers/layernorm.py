@@ -15,6 +15,7 @@ from .base import Layer, Param, State, numel, register
 @register
 class LayerNormLayer(Layer):
     kind = "layernorm"
+    own_section = True      # darkpy's own section: `darkpy summary` adds its parameters and FLOPs
     resizable = False
 
     def __init__(self, index: int, in_shape, eps: float = 1e-5, dtype=np.float32):

@@ -30,6 +30,7 @@ from .base import Layer, Param, State, numel, register
 @register
 class AttentionLayer(Layer):
     kind = "attention"
+    own_section = True      # darkpy's own section: `darkpy summary` adds its parameters and FLOPs
     aliases = ("mha",)
     resizable = False
 

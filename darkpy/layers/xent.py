@@ -27,6 +27,7 @@ TARGETS = ("index", "soft")
 @register
 class CrossEntropyLayer(Layer):
     kind = "crossentropy"
+    own_section = True      # darkpy's own section: `darkpy summary` adds its parameters and FLOPs
     aliases = ("xent",)
     has_cost = True
     resizable = False
