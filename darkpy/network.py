@@ -87,6 +87,7 @@ class NetConfig:
     flip: int = 1
     random: int = 0
     clip: float = 0.0
+    label_smooth_eps: float = 0.0     # classifier truth: 1 - eps for the class, eps/(k-1) elsewhere
     seen: int = 0
 
     @property
@@ -108,7 +109,7 @@ class NetConfig:
             setattr(c, key, sec.get_int(key, getattr(c, key)))
         for key in ("learning_rate", "momentum", "decay", "power", "scale", "gamma", "B1", "B2", "eps",
                     "angle", "aspect", "saturation", "exposure", "hue", "clip", "learning_rate_min",
-                    "max_ratio", "min_ratio"):
+                    "max_ratio", "min_ratio", "label_smooth_eps"):
             setattr(c, key, sec.get_float(key, getattr(c, key)))
         c.adam = sec.get_bool("adam", False)
         c.policy = sec.get_choice("policy", POLICIES, "constant")
