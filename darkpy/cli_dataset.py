@@ -12,6 +12,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 def register(group: click.Group) -> None:
     group.add_command(anchors_command)
     group.add_command(labels)
+    group.add_command(augment_preview)
 
 
 @click.command("anchors", context_settings=CONTEXT)
@@ -112,3 +113,22 @@ def from_voc(annotations, images, out, valid_fraction, seed, name, classes, keep
     names = [c.strip() for c in classes.split(",")] if classes else None
     _report(convert_voc(annotations, images, out, valid_fraction=valid_fraction, seed=seed, name=name,
                         names=names, keep_difficult=keep_difficult))
+
+
+@click.command("augment-preview", context_settings=CONTEXT)
+@click.argument("cfg", type=click.Path(dir_okay=False, exists=True))
+@click.option("--data", "data", type=click.Path(dir_okay=False), help="The .data file (default: by convention).")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Folder for the images.")
+@click.option("-n", "count", type=click.IntRange(min=1), default=8, show_default=True, help="How many images.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Augmentation seed (training's, per batch).")
+def augment_preview(cfg, data, out, count, seed):
+    """Write N training samples of CFG's detector as the net sees them (jitter, HSV, flip and the
+    [net] mosaic/mixup/cutmix/blur/gaussian_noise/letter_box options), with their boxes drawn
+    (Darknet's -show_imgs). Sample i is item i of the train list, drawn with augment_rng(seed, i)."""
+    import os
+
+    from .augment import preview_images
+    from .train import resolve_data_file
+
+    paths = preview_images(cfg, resolve_data_file(cfg, data), out, count, seed)
+    click.echo(f"wrote {len(paths)} images to {os.path.abspath(out)}")

@@ -468,6 +468,8 @@ class DetectionData:
                             f"{self.bad_labels[0]}")
         self._boxes: dict[int, np.ndarray] = {}
         self._cache = _ImageCache(cache_bytes)
+        from .augment import AugmentOptions
+        self.options = AugmentOptions.from_net(net_cfg)     # mosaic, mixup, ... (darkpy/augment.py)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -507,7 +509,10 @@ class DetectionData:
         for i, k in enumerate(indices):
             img = self._cache.get(k, self.paths[k], 3)
             boxes = self.boxes(k)
-            if self.augment:
+            if self.augment and self.options.active:
+                from .augment import augmented_sample
+                x[i], packed = augmented_sample(self, k, rng, w, h, self.options)
+            elif self.augment:
                 x[i], packed = self._augment(img, boxes, rng, w, h)
             else:
                 x[i], packed = self._letterbox(img, boxes, w, h)
