@@ -119,3 +119,24 @@ def test_recall_report(tmp_path):
     assert lines[-1].split()[:3] == ["2", "2", "4"]        # 2 of the 4 truths found (the dog boxes)
     r = CliRunner().invoke(main, ["recall", str(cfg), str(weights), "--data", str(data), "--json"])
     assert _json_out(r)["recall"] == pytest.approx(0.5)
+
+
+def test_difficult_list_from_the_data_file(tmp_path):
+    """Darknet's `difficult=` list (parallel to valid): a detection on a difficult truth leaves the
+    ranking (darknet), is neither TP nor FP (voc), and the difficult box is no truth to find."""
+    cfg, weights, data = _detector_files(tmp_path)
+    dif = tmp_path / "dif"
+    (dif / "labels").mkdir(parents=True)
+    (dif / "labels" / "im2.txt").write_text("1 0.300000 0.350000 0.600000 0.800000\n")
+    paths = [str(dif / "images" / f"im{k}.png") for k in range(3)]
+    (tmp_path / "dif.list").write_text("\n".join(paths) + "\n")
+    data.write_text(data.read_text() + f"difficult={tmp_path / 'dif.list'}\n")
+    for metric in ("darknet", "voc"):
+        r = CliRunner().invoke(main, ["map", str(cfg), str(weights), "--data", str(data), "--metric", metric,
+                                      "--json"])
+        assert r.exit_code == 0, r.output
+        dog = _json_out(r)["classes"][1]
+        assert (dog["truths"], dog["tp"], dog["fp"]) == (2, 2, 0), metric
+    (tmp_path / "dif.list").write_text(paths[0] + "\n")
+    r = CliRunner().invoke(main, ["map", str(cfg), str(weights), "--data", str(data)])
+    assert r.exit_code != 0 and "difficult" in r.output
