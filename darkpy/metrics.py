@@ -478,15 +478,14 @@ def _coco_match(d_grp, g_lo, g_hi, ious_flat, iou_off, g_ign, g_crowd, d_out, th
                     gtm[m] = True
 
 
-def _coco_iou(d: np.ndarray, g: np.ndarray, crowd: np.ndarray) -> np.ndarray:
-    """pycocotools' maskUtils.iou for x, y, w, h boxes: a crowd truth's IoU is over the detection's area."""
-    dc = np.stack([d[:, 0], d[:, 1], d[:, 0] + d[:, 2], d[:, 1] + d[:, 3]], axis=1)
-    gc = np.stack([g[:, 0], g[:, 1], g[:, 0] + g[:, 2], g[:, 1] + g[:, 3]], axis=1)
-    iw = np.minimum(dc[:, None, 2], gc[None, :, 2]) - np.maximum(dc[:, None, 0], gc[None, :, 0])
-    ih = np.minimum(dc[:, None, 3], gc[None, :, 3]) - np.maximum(dc[:, None, 1], gc[None, :, 1])
+def _pair_iou(d: np.ndarray, g: np.ndarray, crowd: np.ndarray) -> np.ndarray:
+    """pycocotools' maskUtils.iou for matching rows of detections d and truths g (n, 4) x, y, w, h: a
+    crowd truth's IoU is over the detection's area."""
+    iw = np.minimum(d[:, 0] + d[:, 2], g[:, 0] + g[:, 2]) - np.maximum(d[:, 0], g[:, 0])
+    ih = np.minimum(d[:, 1] + d[:, 3], g[:, 1] + g[:, 3]) - np.maximum(d[:, 1], g[:, 1])
     inter = np.where((iw > 0) & (ih > 0), iw * ih, 0.0)
     da = d[:, 2] * d[:, 3]
-    union = np.where(crowd[None, :], da[:, None], da[:, None] + (g[:, 2] * g[:, 3])[None, :] - inter)
+    union = np.where(crowd, da, da + g[:, 2] * g[:, 3] - inter)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
 
@@ -539,18 +538,22 @@ def coco_evaluate(dt_img, dt_cls, dt_box, dt_score, gt_img, gt_cls, gt_box, gt_c
     g_key = g_cls * n_img + gt_img[gorder]
     g_lo = np.searchsorted(g_key, gkey_d, "left").astype(np.int64)
     g_hi = np.searchsorted(g_key, gkey_d, "right").astype(np.int64)
-    parts, offs, off = [], [], 0
-    for g in range(len(grp)):
-        m = _coco_iou(d_box[d_grp[g]:d_grp[g + 1]], g_box[g_lo[g]:g_hi[g]], g_crowd[g_lo[g]:g_hi[g]])
-        parts.append(m.ravel())
-        offs.append(off)
-        off += m.size
-    ious_flat = np.concatenate(parts) if parts else np.zeros(0)
+    # every group's (nd, ng) IoU matrix, row-major, in one flat vectorised pass
+    nd = np.diff(d_grp)
+    ng = g_hi - g_lo
+    sizes = nd * ng
+    offs = np.r_[0, np.cumsum(sizes)[:-1]].astype(np.int64) if len(sizes) else np.zeros(0, np.int64)
+    grp_of = np.repeat(np.arange(len(sizes)), sizes)
+    q = np.arange(int(sizes.sum())) - np.repeat(offs, sizes)
+    ngr = np.maximum(ng[grp_of], 1)
+    di = d_grp[:-1][grp_of] + q // ngr
+    gi = g_lo[grp_of] + q % ngr
+    ious_flat = _pair_iou(d_box[di], g_box[gi], g_crowd[gi])
     g_ign = g_crowd[None, :] | (g_area[None, :] < areas[:, :1]) | (g_area[None, :] > areas[:, 1:])
     d_out = (d_area[None, :] < areas[:, :1]) | (d_area[None, :] > areas[:, 1:])
     dtm = np.zeros((A, T, len(d_box)), bool)
     dtig = np.zeros((A, T, len(d_box)), bool)
-    _coco_match(d_grp, g_lo, g_hi, ious_flat, np.asarray(offs, np.int64), g_ign, g_crowd, d_out, thrs, dtm, dtig)
+    _coco_match(d_grp, g_lo, g_hi, ious_flat, offs, g_ign, g_crowd, d_out, thrs, dtm, dtig)
 
     precision = -np.ones((T, R, K, A))
     recall = -np.ones((T, K, A, M))
