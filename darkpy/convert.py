@@ -6,7 +6,9 @@ beside `images/`), `train.txt` / `valid.txt` (a seeded split), `<name>.names` an
 
 Boxes are skipped, and reported with the reason, when they have no area (w or h <= 0), lie wholly
 outside the image, name a class that is not in the list, are COCO crowd regions or VOC difficult
-objects (unless kept). Boxes partly outside the image are clipped to it. Coordinates: COCO's bbox is
+objects (unless kept; those are written, as Darknet's VOC scripts do, to `difficult/labels/` with a
+`difficult.txt` list parallel to `valid.txt` and `difficult=` in the .data file, which `darkpy map`
+reads). Boxes partly outside the image are clipped to it. Coordinates: COCO's bbox is
 [x, y, w, h] in pixels; VOC's bndbox is 1-based inclusive pixels, converted as voc_label.py does
 (centre `(xmin + xmax)/2 - 1`, width `xmax - xmin`).
 """
@@ -183,16 +185,15 @@ def convert_voc(annotations: str, images: str, out: str, valid_fraction: float =
     cls_of = {n: k for k, n in enumerate(names)}
     r = ConvertResult(list(names))
     items = []
+    difficult_labels: dict[str, list[str]] = {}
     for path, filename, W, H, objs in parsed:
-        lines = []
+        lines, hard = [], []
         for k, cname, difficult, box in objs:
             where = f"{path}: object {k + 1} ({cname or '?'})"
             if cname not in cls_of:
                 r.skip(where, "unknown class")
                 continue
-            if difficult and not keep_difficult:
-                r.skip(where, "difficult")
-                continue
+            hard_one = bool(difficult) and not keep_difficult
             if box is None:
                 r.skip(where, "no bndbox")
                 continue
@@ -205,6 +206,10 @@ def convert_voc(annotations: str, images: str, out: str, valid_fraction: float =
             if c is None:
                 r.skip(where, "outside the image")
                 continue
+            if hard_one:
+                r.skip(where, "difficult (kept in difficult/labels for `map`)")
+                hard.append(_line(cls_of[cname], *c, W, H))
+                continue
             lines.append(_line(cls_of[cname], *c, W, H))
         src = os.path.join(images, filename)
         if not os.path.isfile(src):
@@ -213,4 +218,27 @@ def convert_voc(annotations: str, images: str, out: str, valid_fraction: float =
             continue
         r.boxes += len(lines)
         items.append((src, lines))
-    return _write_dataset(out, name, r.names, items, valid_fraction, seed, r)
+        difficult_labels[os.path.basename(src)] = hard
+    r = _write_dataset(out, name, r.names, items, valid_fraction, seed, r)
+    _write_difficult(out, r, difficult_labels)
+    return r
+
+
+def _write_difficult(out: str, r: ConvertResult, labels: dict[str, list[str]]) -> None:
+    """Darknet's VOC layout for difficult objects: difficult/labels/<stem>.txt, a list parallel to
+    valid.txt (difficult/images/<file>) and `difficult=` in the .data file, read by `darkpy map`."""
+    if not any(labels.values()):
+        return
+    lab_dir = os.path.join(out, "difficult", "labels")
+    os.makedirs(lab_dir, exist_ok=True)
+    for base, lines in labels.items():
+        with open(os.path.join(lab_dir, os.path.splitext(base)[0] + ".txt"), "w") as f:
+            f.writelines(line + "\n" for line in lines)
+    with open(r.valid_path) as f:
+        valid = f.read().split()
+    dif_list = os.path.join(out, "difficult.txt")
+    with open(dif_list, "w") as f:
+        f.writelines(os.path.abspath(os.path.join(out, "difficult", "images", os.path.basename(p))) + "\n"
+                     for p in valid)
+    with open(r.data_path, "a") as f:
+        f.write(f"difficult={os.path.abspath(dif_list)}\n")

@@ -197,4 +197,11 @@ def test_from_voc_converts_reports_and_trains(tmp_path):
     c, x0, y0, x1, y1 = objs[0]
     np.testing.assert_allclose(boxes[0], [(x0 + x1) / 2 / w, (y0 + y1) / 2 / h, (x1 - x0) / w, (y1 - y0) / h, c],
                                atol=1e-5)
+    # the difficult object: Darknet's layout, a list parallel to valid.txt that `map` reads
+    dc = read_data_file(out / "dataset.data")
+    assert dc.raw["difficult"].endswith("difficult.txt")
+    listed = (out / "difficult.txt").read_text().split()
+    assert len(listed) == len((out / "valid.txt").read_text().split())
+    hard = read_box_labels(str(out / "difficult" / "labels" / "img000.txt"), 2)[0]
+    np.testing.assert_allclose(hard[0], [(1 + 8) / 2 / 64, (1 + 8) / 2 / 48, 7 / 64, 7 / 48, 0], atol=1e-5)
     _train_a_little(out / "dataset.data", tmp_path)
