@@ -18,9 +18,10 @@ def register(group: click.Group) -> None:
 def cfg_is_detector(cfg: str) -> bool:
     """Whether the cfg has a [yolo], [region] or [detection] section (read without building it)."""
     from .cfg import load_cfg
+    from .errors import DarkpyError
     try:
         doc = load_cfg(cfg)
-    except Exception:           # not ours to report: the normal path gives the proper error
+    except (DarkpyError, OSError, UnicodeError):   # the classifier path reports it properly
         return False
     return any(s.kind in ("yolo", "region", "detection") for s in doc.layers)
 

@@ -32,9 +32,8 @@ Every (box, class) with probability > 0 is a ranked detection of that class, in 
 """
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -650,7 +649,7 @@ def _coco_from_images(r: MapResult, imgs: list[_Image], classes: int, names, iou
         c.truths = int(sum(int(((im.truth[:, 4] == c.class_id) & ~im.difficult).sum()) for im in imgs))
         c.ap101 = float(p.mean()) if (p > -1).all() else 0.0
         c.ap_all = float(p[i50[0]].mean()) if i50.size and (p > -1).all() else 0.0
-        c.ap11 = math.nan
+        c.ap11 = -1.0           # not defined under COCO rules (COCO writes -1)
     r.map101 = r.coco["AP"]
     r.map_all = r.coco["AP50"]
-    r.map11 = math.nan
+    r.map11 = -1.0
