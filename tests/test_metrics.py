@@ -11,10 +11,6 @@ import pytest
 from darkpy.detect import Boxes
 from darkpy.metrics import COCO_IDS, coco_evaluate, compute_map
 
-pycocotools = pytest.importorskip("pycocotools")
-from pycocotools.coco import COCO  # noqa: E402
-from pycocotools.cocoeval import COCOeval  # noqa: E402
-
 KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 
 
@@ -45,6 +41,10 @@ def random_case(rng, n_img=6, classes=3, crowd=0.1):
 
 
 def pycoco_stats(imgs, gts, dts, classes, iou_thrs=None):
+    pytest.importorskip("pycocotools")                 # the [test] extra installs it
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
     gt = {"images": [{"id": k + 1, "width": w, "height": h} for k, (w, h) in enumerate(imgs)],
           "categories": [{"id": c + 1, "name": str(c)} for c in range(classes)],
           "annotations": [{"id": i + 1, "image_id": k + 1, "category_id": c + 1, "bbox": list(map(float, b)),
