@@ -303,3 +303,109 @@ def test_faster_than_pycocotools():
     t_ref = time.perf_counter() - t0
     assert mine.stats["AP"] == pytest.approx(ref.stats[0], abs=1e-12)
     assert t_ours < 0.5 * t_ref, (t_ours, t_ref)
+
+
+# -- AlexeyAB's validate_detector_map, restated -------------------------------------------------------------
+
+def _c_iou(a, b):
+    """Darknet's box_iou on centre/size boxes."""
+    def overlap(x1, w1, x2, w2):
+        return min(x1 + w1 / 2, x2 + w2 / 2) - max(x1 - w1 / 2, x2 - w2 / 2)
+    w, h = overlap(a[0], a[2], b[0], b[2]), overlap(a[1], a[3], b[1], b[3])
+    inter = w * h if w > 0 and h > 0 else 0.0
+    union = a[2] * a[3] + b[2] * b[3] - inter
+    return inter / union if union > 0 else 0.0
+
+
+def darknet_reference(dets, truths, difficult, classes, iou_thresh, thresh, points):
+    """The loop of detector.c's validate_detector_map, step by step (ranking sort made stable)."""
+    detections, truth_count = [], [0] * classes
+    unique = 0
+    tp_t = fp_t = 0
+    avg_iou = 0.0
+    for d, t, dif in zip(dets, truths, difficult):
+        regular, hard = t[~dif], t[dif]
+        for row in regular:
+            truth_count[int(row[4])] += 1
+        checkpoint = len(detections)
+        for i in range(len(d.boxes)):
+            for c in range(classes):
+                prob = d.probs[i, c]
+                if prob <= 0:
+                    continue
+                detections.append([d.boxes[i], prob, c, -1])
+                truth_index, max_iou = -1, 0.0
+                for j, row in enumerate(regular):
+                    cur = _c_iou(d.boxes[i], row)
+                    if cur > iou_thresh and c == int(row[4]) and cur > max_iou:
+                        max_iou, truth_index = cur, unique + j
+                if truth_index > -1:
+                    detections[-1][3] = truth_index
+                else:
+                    for row in hard:
+                        if _c_iou(d.boxes[i], row) > iou_thresh and c == int(row[4]):
+                            detections.pop()
+                            break
+                if prob > thresh:
+                    found = any(x[3] == truth_index for x in detections[checkpoint:len(detections) - 1])
+                    if truth_index > -1 and not found:
+                        avg_iou += max_iou
+                        tp_t += 1
+                    else:
+                        fp_t += 1
+        unique += len(regular)
+    avg_iou = avg_iou / (tp_t + fp_t) if tp_t + fp_t else 0.0
+    order = sorted(range(len(detections)), key=lambda k: -detections[k][1])
+    flags = set()
+    tp, fp = [0] * classes, [0] * classes
+    pr = [[] for _ in range(classes)]         # per rank: (precision, recall) of every class
+    for k in order:
+        _, _, c, ti = detections[k]
+        if ti > -1 and ti not in flags:
+            flags.add(ti)
+            tp[c] += 1
+        else:
+            fp[c] += 1
+        for i in range(classes):
+            prec = tp[i] / (tp[i] + fp[i]) if tp[i] + fp[i] else 0.0
+            rec = tp[i] / truth_count[i] if truth_count[i] else 0.0
+            pr[i].append((prec, rec))
+    aps = []
+    for i in range(classes):
+        ap = 0.0
+        if not pr[i]:
+            aps.append(0.0)
+            continue
+        if points == 0:
+            last_rec, last_prec = pr[i][-1][1], pr[i][-1][0]
+            for rank in range(len(pr[i]) - 2, -1, -1):
+                ap += (last_rec - pr[i][rank][1]) * last_prec
+                last_rec = pr[i][rank][1]
+                last_prec = max(last_prec, pr[i][rank][0])
+            ap += last_rec * last_prec
+        else:
+            for p in range(points):
+                cur_rec = p * 1.0 / (points - 1)
+                ap += max([prec for prec, rec in pr[i] if rec >= cur_rec], default=0.0)
+            ap /= points
+        aps.append(ap)
+    return aps, truth_count, tp_t, fp_t, avg_iou
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_darknet_equals_validate_detector_map(seed):
+    rng = np.random.default_rng(900 + seed)
+    classes = 3
+    imgs, gts, dts = random_case(rng, n_img=5, classes=classes, crowd=0.15)
+    boxes, truths, dif = _as_darkpy(imgs, gts, dts, classes)
+    for iou in (0.5, 0.7):
+        r = compute_map(boxes, truths, classes, iou, 0.25, difficult=dif)
+        for points, key in ((0, "ap_all"), (11, "ap11"), (101, "ap101")):
+            aps, counts, tp, fp, avg = darknet_reference(boxes, truths, dif, classes, iou, 0.25, points)
+            for c in range(classes):
+                assert getattr(r.classes[c], key) == pytest.approx(aps[c], abs=1e-12), (key, c)
+                assert r.classes[c].truths == counts[c]
+        assert (r.tp, r.fp) == (tp, fp)
+        assert r.darknet_avg_iou == pytest.approx(avg, abs=1e-12)
+        scored = [aps[c] for c in range(classes) if counts[c]]
+        assert r.map101 == pytest.approx(np.mean(scored) if scored else 0.0, abs=1e-12)
