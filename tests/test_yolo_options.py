@@ -119,3 +119,29 @@ def test_label_smooth_eps_for_classifiers():
     assert_close(s, np.array([[0.1 / 3, 0.9, 0.1 / 3, 0.1 / 3], [0.9, 0.1 / 3, 0.1 / 3, 0.1 / 3]]), 1e-7, 1e-7,
                  "smoothed")
     assert smooth_labels(y, 0.0) is y
+
+
+def test_max_delta_clips_iou_kind_box_deltas():
+    """max_delta caps each box delta of the IoU-kind losses (ciou here) at ±max_delta; MSE is untouched."""
+    a, j, i = SLOT
+    free, _ = run("iou_loss=ciou\niou_normalizer=5")
+    capped, _ = run("iou_loss=ciou\niou_normalizer=5\nmax_delta=0.05")
+    box_free, box_capped = free[a, :4, j, i], capped[a, :4, j, i]
+    assert np.abs(box_free).max() > 0.05
+    assert_close(box_capped, np.clip(box_free, -0.05, 0.05), 1e-12, 1e-12, "clipped box deltas")
+    same = np.ones_like(free, bool)
+    same[:, :4] = False
+    assert_close(capped[same], free[same], 0, 0, "other deltas")
+    mse_free, _ = run("")
+    mse_capped, _ = run("max_delta=0.05")
+    assert_close(mse_capped, mse_free, 0, 0, "mse")
+
+
+def test_iou_thresh_trains_more_anchors():
+    """iou_thresh: every masked anchor whose shape IoU with the truth passes it is a positive too."""
+    plain, out = run("")
+    many, _ = run("iou_thresh=0.2")
+    j, i = 1, 1
+    pos_plain = [a for a in range(3) if plain[a, 4, j, i] > 0]
+    pos_many = [a for a in range(3) if many[a, 4, j, i] > 0]
+    assert pos_plain == [1] and len(pos_many) > 1 and set(pos_plain) < set(pos_many)
