@@ -145,3 +145,19 @@ def test_iou_thresh_trains_more_anchors():
     pos_plain = [a for a in range(3) if plain[a, 4, j, i] > 0]
     pos_many = [a for a in range(3) if many[a, 4, j, i] > 0]
     assert pos_plain == [1] and len(pos_many) > 1 and set(pos_plain) < set(pos_many)
+
+
+def test_label_smooth_eps_reaches_classifier_batches():
+    """A classifier cfg's [net] label_smooth_eps=0.1 gives its batches 0.9 / 0.1/9 truth rows."""
+    from pathlib import Path
+
+    import darkpy.datasets as D
+    from darkpy.network import NetConfig
+    from darkpy.cfg import parse_cfg
+    root = Path(__file__).resolve().parents[1]
+    paths = D.read_list(root / "data/digits/train.list")[:6]
+    names = D.read_names(root / "data/digits.names")
+    net = NetConfig.from_section(parse_cfg("[net]\nwidth=8\nheight=8\nchannels=1\nlabel_smooth_eps=0.1\n").net)
+    _, y = D.ClassifierData(paths, names, net, augment=False, channels=1).load(range(6), np.random.default_rng(0), 8, 8)
+    assert np.allclose(y.max(axis=1), 0.9) and np.allclose(y.sum(axis=1), 1.0)
+    assert np.allclose(np.sort(y, axis=1)[:, 0], 0.1 / 9)
