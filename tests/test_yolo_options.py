@@ -152,8 +152,8 @@ def test_label_smooth_eps_reaches_classifier_batches():
     from pathlib import Path
 
     import darkpy.datasets as D
-    from darkpy.network import NetConfig
     from darkpy.cfg import parse_cfg
+    from darkpy.network import NetConfig
     root = Path(__file__).resolve().parents[1]
     paths = D.read_list(root / "data/digits/train.list")[:6]
     names = D.read_names(root / "data/digits.names")
