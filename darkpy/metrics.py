@@ -26,6 +26,7 @@ Every (box, class) with probability > 0 is a ranked detection of that class, in 
   takes, greedily by score, the unmatched truth with the highest IoU >= threshold (non-ignored truths
   first; a detection that can match a non-ignored truth never takes an ignored one); difficult truths
   are COCO's crowd regions (ignored, IoU over the detection's area, may absorb several detections).
+  A truth's area (for small/medium/large) is its box's, in pixels (label files have no masks).
   AP averages the 101 recall points over IoU .50:.05:.95 and the classes with truths; AP50, AP75,
   AP small/medium/large (areas < 32², < 96², more), AR@1/10/100 and AR by size, as COCOeval.summarize.
   The recall and IoU grids are pycocotools' own `np.linspace` values (their float artefacts included).
