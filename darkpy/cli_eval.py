@@ -39,7 +39,7 @@ def valid_detector(cfg: str, weights: str, data: str | None, as_json: bool, out:
     data_path = resolve_data_file(cfg, data)
     dc = read_data_file(os.fspath(data_path))
     folder = out or dc.raw.get("results", "results")
-    net = _load_detector(cfg, weights, batch=1)
+    net = _load_detector(cfg, weights, batch=8)
     run = run_valid(net, dc)
     coco_path = os.path.join(folder, "coco_results.json")
     n = write_coco_results(run, coco_path)
@@ -65,7 +65,7 @@ def recall_command(cfg, weights, data, limit, as_json):
     from .train import resolve_data_file
 
     data_path = resolve_data_file(cfg, data)
-    net = _load_detector(cfg, weights, batch=1)
+    net = _load_detector(cfg, weights, batch=8)
     r = recall_report(net, data_path, limit=limit, echo=None if as_json else click.echo)
     if as_json:
         click.echo(json.dumps(r))
