@@ -34,8 +34,9 @@ The fork's loss options:
   too; box deltas of several truths on one slot then add up and are divided by the number of
   positive class deltas there (the fork's averages_yolo_deltas).
 - `objectness_smooth=1`: a slot whose best IoU passes ignore_thresh gets the objectness target IoU
-  instead of no delta (the fork keeps the larger of the deltas towards 0 and towards the IoU); a truth_thresh positive gets
-  IoU² for objectness and its class; an anchor positive keeps any objectness delta already set
+  instead of no delta (the fork keeps the larger of the deltas towards 0 and towards the IoU); a
+  truth_thresh positive gets IoU² for objectness and its class; an anchor positive keeps any
+  objectness delta already set
   (darknet: including the first pass's "no object" delta, so a poorly predicted positive trains
   towards 0).
 - `max_delta`: every IoU-kind box delta is clipped to ±max_delta; `new_coords=1` (above).
