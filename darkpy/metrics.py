@@ -135,7 +135,8 @@ def _pct(ap: float, truths: int) -> str:
 
 
 _COCO_LINES = (("AP", "Average Precision", "0.50:0.95", "all", 100), ("AP50", "Average Precision", "0.50", "all", 100),
-               ("AP75", "Average Precision", "0.75", "all", 100), ("APs", "Average Precision", "0.50:0.95", "small", 100),
+               ("AP75", "Average Precision", "0.75", "all", 100),
+               ("APs", "Average Precision", "0.50:0.95", "small", 100),
                ("APm", "Average Precision", "0.50:0.95", "medium", 100),
                ("APl", "Average Precision", "0.50:0.95", "large", 100),
                ("AR1", "Average Recall", "0.50:0.95", "all", 1), ("AR10", "Average Recall", "0.50:0.95", "all", 10),

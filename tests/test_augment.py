@@ -59,7 +59,8 @@ def check_boxes_match_pixels(img, boxes, inside=True, margin=2):
     for x, y, bw, bh, _ in boxes:
         x0, x1 = (x - bw / 2) * w, (x + bw / 2) * w
         y0, y1 = (y - bh / 2) * h, (y + bh / 2) * h
-        covered[max(int(y0) - margin, 0):int(np.ceil(y1)) + margin, max(int(x0) - margin, 0):int(np.ceil(x1)) + margin] = True
+        rows = slice(max(int(y0) - margin, 0), int(np.ceil(y1)) + margin)
+        covered[rows, max(int(x0) - margin, 0):int(np.ceil(x1)) + margin] = True
         if inside and x1 - x0 > 2 * margin + 1 and y1 - y0 > 2 * margin + 1:
             core = red_mask(img)[int(np.ceil(y0)) + margin:int(y1) - margin, int(np.ceil(x0)) + margin:int(x1) - margin]
             assert core.mean() >= 0.95, (x, y, bw, bh, core.mean())

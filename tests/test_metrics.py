@@ -134,7 +134,8 @@ def _as_darkpy(imgs, gts, dts, classes):
     boxes, truths, difficult = [], [], []
     for k, (W, H) in enumerate(imgs):
         mine = [d for d in dts if d[0] == k]
-        b = np.array([[(x + w / 2) / W, (y + h / 2) / H, w / W, h / H] for _, _, (x, y, w, h), _ in mine]).reshape(-1, 4)
+        b = np.array([[(x + w / 2) / W, (y + h / 2) / H, w / W, h / H]
+                      for _, _, (x, y, w, h), _ in mine]).reshape(-1, 4)
         p = np.zeros((len(mine), classes))
         for i, (_, c, _, s) in enumerate(mine):
             p[i, c] = s
@@ -233,7 +234,8 @@ def test_voc_equals_voc_eval(seed):
         cd, cg = [], {}
         for k, (W, H) in enumerate(imgs):
             corners = voc_corners(boxes[k].boxes, (W, H), clip=True)
-            cd += [(k, float(boxes[k].probs[i, c]), corners[i]) for i in range(len(corners)) if boxes[k].probs[i, c] > 0]
+            cd += [(k, float(boxes[k].probs[i, c]), corners[i]) for i in range(len(corners))
+                   if boxes[k].probs[i, c] > 0]
             sel = truths[k][:, 4] == c
             if sel.any():
                 cg[k] = (voc_corners(truths[k][sel], (W, H), clip=False), dif[k][sel])

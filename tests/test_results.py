@@ -76,7 +76,8 @@ def test_valid_writes_results_that_pycocotools_loads(tmp_path, monkeypatch):
     dog = (out / "comp4_det_test_dog.txt").read_text().splitlines()
     assert len(dog) == 3 and dog[0].startswith("im0 ")
     # a COCO ground truth built from the label files: the results load and evaluate
-    labels = [[(1, 0.3, 0.35, 0.6, 0.8)], [(1, 0.3, 0.35, 0.6, 0.8), (0, 0.9, 0.9, 0.1, 0.1)], [(0, 0.5, 0.5, 0.2, 0.2)]]
+    dog = (1, 0.3, 0.35, 0.6, 0.8)
+    labels = [[dog], [dog, (0, 0.9, 0.9, 0.1, 0.1)], [(0, 0.5, 0.5, 0.2, 0.2)]]
     anns = []
     for k, lab in enumerate(labels):
         for c, x, y, w, h in lab:
