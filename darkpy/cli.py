@@ -159,10 +159,14 @@ def train(ctx, cfg, data, weights, clear, upto, seed, max_batches, backup, threa
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--threads", type=click.IntRange(min=0), help="numba/BLAS threads (0 = all cores).")
 def valid(cfg, weights, data, as_json, threads):
-    """Top-1 and top-k accuracy of WEIGHTS on the `valid` list, and the confusion matrix."""
+    """Top-1 and top-k accuracy of WEIGHTS on the `valid` list, and the confusion matrix; for a
+    detector, the COCO results JSON and VOC comp4 files (darkpy/cli_eval.py)."""
+    from .cli_eval import cfg_is_detector, valid_detector
     from .train import configure_threads, validate
 
     configure_threads(_settings(threads=threads).threads)
+    if cfg_is_detector(cfg):
+        return valid_detector(cfg, weights, data, as_json)
     r = validate(cfg, weights, data=data)
     if as_json:
         click.echo(json.dumps({"top1": r.top1, "topk": r.topk, "k": r.k, "images": r.n, "list": r.list_file,
@@ -330,12 +334,15 @@ def cfg_convert(src, dst, force):
 def _register_extensions() -> None:
     """Commands that live in their own modules: `detect` and `map` (darkpy/cli_detect.py), `partial`
     and Darknet's command forms `detector ...`, `classifier ...` (darkpy/cli_darknet.py), `generate`
-    and `textscore` (darkpy/cli_generate.py). (`train --procs` and the ranks' side of MPI runs:
+    and `textscore` (darkpy/cli_generate.py), `recall` (darkpy/cli_eval.py), `anchors`, `labels`,
+    `augment-preview` (darkpy/cli_dataset.py). (`train --procs` and the ranks' side of MPI runs:
     darkpy/cli_mpi.py.)"""
-    from . import cli_darknet, cli_detect, cli_generate
+    from . import cli_darknet, cli_dataset, cli_detect, cli_eval, cli_generate
     cli_detect.register(main)
     cli_darknet.register(main)
     cli_generate.register(main)
+    cli_eval.register(main)
+    cli_dataset.register(main)
 
 
 _register_extensions()

@@ -212,8 +212,11 @@ def _print_detections(entry: dict, dets, names, thresh) -> None:
 @click.argument("weights", type=click.Path(dir_okay=False))
 @click.option("--data", "data", type=click.Path(dir_okay=False),
               help="The .data file whose `valid` list is measured (default: cfg/NAME.cfg -> data/NAME.data).")
-@click.option("--iou", type=click.FloatRange(0, 1, min_open=True), default=0.5, show_default=True,
-              help="IoU a detection needs with a truth to count.")
+@click.option("--iou", type=click.FloatRange(0, 1, min_open=True), multiple=True,
+              help="IoU a detection needs with a truth to count (repeat for several; default 0.5; "
+                   "coco: replaces the .50:.05:.95 grid).")
+@click.option("--metric", type=click.Choice(["darknet", "voc", "coco"]), default="darknet", show_default=True,
+              help="Matching and AP rules: the fork's detector map, voc_eval.py, or COCOeval (AP@[.5:.95]).")
 @click.option("--thresh", "conf_thresh", type=click.FloatRange(0, 1), default=0.25, show_default=True,
               help="Confidence for precision, recall, F1 and average IoU.")
 @click.option("--batch", type=click.IntRange(min=1), default=8, show_default=True, help="Images per forward pass.")
@@ -221,14 +224,23 @@ def _print_detections(entry: dict, dets, names, thresh) -> None:
 @click.option("--no-letterbox", is_flag=True, help="Stretch images to the input size instead of letterboxing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--threads", type=click.IntRange(min=0), help="numba/BLAS threads (0 = all cores).")
-def map_command(cfg, weights, data, iou, conf_thresh, batch, limit, no_letterbox, as_json, threads):
+def map_command(cfg, weights, data, iou, metric, conf_thresh, batch, limit, no_letterbox, as_json, threads):
     """Mean average precision of WEIGHTS on the `valid` list: per-class AP (VOC 11-point, all-point
-    and COCO 101-point), precision, recall, F1 and average IoU."""
-    from .detect import evaluate_map
+    and COCO 101-point), precision, recall, F1 and average IoU; `--metric coco` prints COCOeval's
+    summary (AP@[.5:.95], AP50, AP75, by size, AR)."""
+    from .detect import map_of_run, run_valid
     from .train import resolve_data_file
 
     _threads(threads)
     data_path = resolve_data_file(cfg, data)
     net = _load_detector(cfg, weights, batch)
-    r = evaluate_map(net, data_path, iou=iou, conf_thresh=conf_thresh, letterbox=not no_letterbox, limit=limit)
-    click.echo(json.dumps(r.as_dict(), indent=1) if as_json else r.format())
+    run = run_valid(net, data_path, letterbox=not no_letterbox, limit=limit)
+    if metric == "coco":
+        results = [map_of_run(run, 0.5, conf_thresh, "coco", iou_thresholds=sorted(iou) or None)]
+    else:
+        results = [map_of_run(run, t, conf_thresh, metric) for t in (iou or (0.5,))]
+    if as_json:
+        out = [r.as_dict() for r in results]
+        click.echo(json.dumps(out[0] if len(out) == 1 else out, indent=1))
+    else:
+        click.echo("\n\n".join(r.format() for r in results))

@@ -385,6 +385,15 @@ class _ImageCache:
         return img
 
 
+def smooth_labels(y: np.ndarray, eps: float) -> np.ndarray:
+    """The fork's [net] label_smooth_eps (fill_truth_smooth): one-hot rows become 1 - eps for the class
+    and eps/(k-1) for the others; `y` itself when eps is 0."""
+    if not eps:
+        return y
+    k = y.shape[1]
+    return np.where(y > 0, 1 - eps, eps / max(k - 1, 1)).astype(y.dtype)
+
+
 class ClassifierData:
     """Classifier batches: images with one-hot truth from `classifier_label` (spec §10.3, §11).
 
@@ -413,6 +422,7 @@ class ClassifierData:
         self.saturation = _net(cfg, "saturation", 1.0) or 1.0
         self.exposure = _net(cfg, "exposure", 1.0) or 1.0
         self.flip = bool(_net(cfg, "flip", 1))
+        self.label_smooth_eps = float(_net(cfg, "label_smooth_eps", 0.0))
         truth, errors = [], []
         for p in self.paths:
             try:
@@ -445,7 +455,7 @@ class ClassifierData:
         for i, k in enumerate(indices):
             if self.truth[k] >= 0:
                 y[i, self.truth[k]] = 1
-        return x, y
+        return x, smooth_labels(y, self.label_smooth_eps)
 
     def _augment(self, x: np.ndarray, imgs: list[np.ndarray], rng, w: int, h: int) -> None:
         n = len(imgs)
@@ -514,6 +524,8 @@ class DetectionData:
                             f"{self.bad_labels[0]}")
         self._boxes: dict[int, np.ndarray] = {}
         self._cache = _ImageCache(cache_bytes)
+        from .augment import AugmentOptions
+        self.options = AugmentOptions.from_net(net_cfg)     # mosaic, mixup, ... (darkpy/augment.py)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -571,7 +583,10 @@ class DetectionData:
         for i, k in enumerate(indices):
             img = self._cache.get(k, self.paths[k], 3)
             boxes = self.boxes(k)
-            if self.augment:
+            if self.augment and self.options.active:
+                from .augment import augmented_sample
+                x[i], packed = augmented_sample(self, k, rngs[i], w, h, self.options)
+            elif self.augment:
                 x[i], packed = self._augment(img, boxes, rngs[i], w, h)
             else:
                 x[i], packed = self._letterbox(img, boxes, w, h)

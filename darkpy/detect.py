@@ -9,9 +9,8 @@ Boxes are `(x, y, w, h)` (centre and size) relative to the image, as in Darknet'
   one of class k overlaps it by more than the threshold); `nms_kind=diounms` uses the fork's
   DIoU-NMS.
 - `detect_image` / `draw_detections`: what `darkpy detect` prints and draws.
-- `compute_map` / `evaluate_map`: the fork's `detector map`: per class AP at an IoU threshold
-  (VOC 11-point, all-point area as VOC2010+, and COCO's 101-point interpolation), and precision,
-  recall, F1, TP/FP/FN and average IoU at a confidence threshold (0.25).
+- `run_valid` / `evaluate_map`: the validation pass over a `valid` list and its mAP; the evaluators
+  (the fork's `detector map`, voc_eval.py, COCOeval) are in metrics.py.
 """
 from __future__ import annotations
 
@@ -255,179 +254,56 @@ def draw_detections(img: np.ndarray, dets: Sequence[Detection], names: Sequence[
     return out
 
 
-# -- mAP ---------------------------------------------------------------------------------------------------
+# -- mAP (the evaluators live in metrics.py) ------------------------------------------------------------
 
-@dataclass
-class ClassAP:
-    class_id: int
-    name: str
-    truths: int
-    tp: int                 # true positives over every ranked detection
-    fp: int
-    ap11: float             # VOC2007 11-point interpolated AP
-    ap_all: float           # VOC2010+ area under the interpolated curve (every point)
-    ap101: float            # COCO 101-point interpolated AP
+from .metrics import ClassAP, MapResult, compute_map, interpolated_ap  # noqa: E402,F401  (re-exported)
 
 
 @dataclass
-class MapResult:
-    classes: list[ClassAP]
-    iou_thresh: float
-    conf_thresh: float
-    images: int
-    tp: int                 # at conf_thresh
-    fp: int
-    fn: int
-    avg_iou: float          # mean IoU of the true positives at conf_thresh
-    map11: float
-    map_all: float
-    map101: float
+class ValidRun:
+    """The detections of a `valid` list: per image its path, pixel size, candidates after NMS, truths
+    and difficult flags (from the .data file's `difficult=` list, Darknet's layout)."""
 
-    @property
-    def precision(self) -> float:
-        return self.tp / (self.tp + self.fp) if self.tp + self.fp else 0.0
-
-    @property
-    def recall(self) -> float:
-        return self.tp / (self.tp + self.fn) if self.tp + self.fn else 0.0
-
-    @property
-    def f1(self) -> float:
-        p, r = self.precision, self.recall
-        return 2 * p * r / (p + r) if p + r else 0.0
-
-    @property
-    def map(self) -> float:
-        """The headline mAP: the all-point area (the fork's default, `-points 0`)."""
-        return self.map_all
-
-    def format(self) -> str:
-        """The report `darkpy map` prints (the fork's detector map lines, both interpolations)."""
-        lines = [f"detections on {self.images} images, IoU threshold {self.iou_thresh:.2f}", ""]
-        lines.append(f"{'class':>5}  {'name':<20} {'truths':>6} {'TP':>6} {'FP':>6}  "
-                     f"{'AP11':>7} {'AP(all)':>7} {'AP101':>7}")
-        for c in self.classes:
-            lines.append(f"{c.class_id:>5}  {c.name[:20]:<20} {c.truths:>6} {c.tp:>6} {c.fp:>6}  "
-                         f"{_pct(c.ap11, c.truths)} {_pct(c.ap_all, c.truths)} {_pct(c.ap101, c.truths)}")
-        t = self.conf_thresh
-        lines += ["", f"for conf_thresh = {t:.2f}, precision = {self.precision:.2f}, recall = {self.recall:.2f}, "
-                      f"F1-score = {self.f1:.2f}",
-                  f"for conf_thresh = {t:.2f}, TP = {self.tp}, FP = {self.fp}, FN = {self.fn}, "
-                  f"average IoU = {100 * self.avg_iou:.2f} %", "",
-                  f"mean average precision (mAP@{self.iou_thresh:.2f}), VOC 11-point = {self.map11:.6f}, "
-                  f"or {100 * self.map11:.2f} %",
-                  f"mean average precision (mAP@{self.iou_thresh:.2f}), all-point    = {self.map_all:.6f}, "
-                  f"or {100 * self.map_all:.2f} %",
-                  f"mean average precision (mAP@{self.iou_thresh:.2f}), COCO 101-point = {self.map101:.6f}, "
-                  f"or {100 * self.map101:.2f} %"]
-        return "\n".join(lines)
-
-    def as_dict(self) -> dict:
-        return {"images": self.images, "iou_thresh": self.iou_thresh, "conf_thresh": self.conf_thresh,
-                "map11": self.map11, "map_all": self.map_all, "map101": self.map101,
-                "precision": self.precision, "recall": self.recall, "f1": self.f1, "tp": self.tp,
-                "fp": self.fp, "fn": self.fn, "avg_iou": self.avg_iou,
-                "classes": [vars(c) for c in self.classes]}
+    paths: list[str]
+    sizes: list[tuple[int, int]]
+    detections: list[Boxes]
+    truths: list[np.ndarray]
+    difficult: list[np.ndarray]
+    classes: int
+    names: list[str] | None
 
 
-def _pct(ap: float, truths: int) -> str:
-    return f"{100 * ap:6.2f}%" if truths else "    n/a"
+def _labels_with_difficult(path: str, dif_path: str | None, classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Truth rows of an image's label file, and those of its difficult label file (Darknet's separate
+    `difficult=` list) appended with their flag set."""
+    from .datasets import label_path_for, read_box_labels
+    lp = label_path_for(path)
+    truth = read_box_labels(lp, classes)[0] if os.path.isfile(lp) else np.zeros((0, 5), np.float32)
+    dif = np.zeros((0, 5), np.float32)
+    if dif_path:
+        dlp = label_path_for(dif_path)
+        if os.path.isfile(dlp):
+            dif = read_box_labels(dlp, classes)[0]
+    flags = np.r_[np.zeros(len(truth), bool), np.ones(len(dif), bool)]
+    return np.concatenate([truth, dif]), flags
 
 
-def interpolated_ap(precision: np.ndarray, recall: np.ndarray, points: int) -> float:
-    """AP from a ranked list's precision/recall: `points` > 0 averages, at recall levels
-    0, 1/(points-1), ..., 1, the best precision at that recall or beyond (VOC2007: 11, COCO: 101);
-    `points` = 0 is the exact area under that interpolated curve (VOC2010+)."""
-    if len(precision) == 0:
-        return 0.0
-    if points > 0:
-        total = 0.0
-        for k in range(points):
-            r = k / (points - 1)
-            ok = recall >= r - 1e-12
-            total += precision[ok].max() if ok.any() else 0.0
-        return total / points
-    mrec = np.concatenate([[0.0], recall, [1.0]])
-    mpre = np.concatenate([[0.0], precision, [0.0]])
-    mpre = np.maximum.accumulate(mpre[::-1])[::-1]
-    steps = np.flatnonzero(mrec[1:] != mrec[:-1])
-    return float(np.sum((mrec[steps + 1] - mrec[steps]) * mpre[steps + 1]))
+def difficult_list(dc) -> str | None:
+    """The .data file's `difficult=` list, resolved as read_data_file resolves file keys."""
+    from .datasets import _resolve
+    entry = dc.raw.get("difficult") if dc.raw else None
+    return _resolve(entry, os.path.dirname(dc.path) or ".") if entry else None
 
 
-def compute_map(detections: Sequence[Boxes], truths: Sequence[np.ndarray], classes: int,
-                iou_thresh: float = 0.5, conf_thresh: float = 0.25,
-                names: Sequence[str] | None = None) -> MapResult:
-    """mAP of per-image detections (after NMS) against per-image truth rows [x, y, w, h, class].
-
-    Every (box, class) with probability > 0 is a ranked detection of that class. It matches the truth
-    of the same class it overlaps most, if that IoU is above `iou_thresh`; in rank order (highest
-    probability first, over all images), the first detection of a truth is a true positive and any
-    other a false positive. Classes without truths are left out of the means (shown as n/a)."""
-    ranked: list[list[tuple[float, int, int]]] = [[] for _ in range(classes)]  # (prob, image, truth or -1)
-    n_truth = np.zeros(classes, np.int64)
-    tp_t = fp_t = 0
-    iou_sum = 0.0
-    total_truths = 0
-    for img, (dets, truth) in enumerate(zip(detections, truths)):
-        truth = np.asarray(truth, np.float64).reshape(-1, 5)
-        tcls = truth[:, 4].astype(np.int64)
-        np.add.at(n_truth, tcls[(tcls >= 0) & (tcls < classes)], 1)
-        total_truths += len(truth)
-        pairs = []
-        for i in range(len(dets)):
-            for c in np.flatnonzero(dets.probs[i] > 0):
-                best, best_iou = -1, 0.0
-                for t in np.flatnonzero(tcls == c):
-                    iou = box_iou(*dets.boxes[i], *truth[t, :4])
-                    if iou > iou_thresh and iou > best_iou:
-                        best, best_iou = int(t), iou
-                prob = float(dets.probs[i, c])
-                ranked[c].append((prob, img, best))
-                pairs.append((prob, best, best_iou))
-        used: set[int] = set()
-        for prob, best, best_iou in sorted(pairs, key=lambda p: -p[0]):
-            if prob <= conf_thresh:
-                continue
-            if best >= 0 and best not in used:
-                used.add(best)
-                tp_t += 1
-                iou_sum += best_iou
-            else:
-                fp_t += 1
-    per_class = []
-    for c in range(classes):
-        items = sorted(ranked[c], key=lambda r: -r[0])
-        seen: set[tuple[int, int]] = set()
-        hits = np.zeros(len(items), bool)
-        for k, (_, img, t) in enumerate(items):
-            if t >= 0 and (img, t) not in seen:
-                seen.add((img, t))
-                hits[k] = True
-        tp = np.cumsum(hits)
-        fp = np.cumsum(~hits)
-        precision = tp / np.maximum(tp + fp, 1)
-        recall = tp / n_truth[c] if n_truth[c] else np.zeros(len(items))
-        per_class.append(ClassAP(c, _name(names, c), int(n_truth[c]), int(hits.sum()), int((~hits).sum()),
-                                 interpolated_ap(precision, recall, 11), interpolated_ap(precision, recall, 0),
-                                 interpolated_ap(precision, recall, 101)))
-    scored = [c for c in per_class if c.truths]
-
-    def mean(key):
-        return float(np.mean([getattr(c, key) for c in scored])) if scored else 0.0
-
-    return MapResult(per_class, iou_thresh, conf_thresh, len(detections), tp_t, fp_t, total_truths - tp_t,
-                     iou_sum / tp_t if tp_t else 0.0, mean("ap11"), mean("ap_all"), mean("ap101"))
-
-
-def evaluate_map(net, data_cfg, iou: float = 0.5, thresh: float = 0.005, nms: float = 0.45,
-                 conf_thresh: float = 0.25, letterbox: bool = True, paths: Sequence[str] | None = None,
-                 limit: int | None = None, progress: Callable[[int, int], None] | None = None) -> MapResult:
-    """mAP of `net` on the `valid` list of `data_cfg` (a .data path or a datasets.DataConfig), or on
-    `paths`. Images are fitted to the net's current input size and run `net.batch` at a time (the
-    net's batch and weights are left as they are). Labels come from Darknet's label paths;
-    malformed label lines are skipped (`datasets.read_box_labels`). `progress(done, total)` is called
-    after each batch."""
-    from .datasets import BatchLoader, label_path_for, read_box_labels, read_data_file, read_list
+def run_valid(net, data_cfg, thresh: float = 0.005, nms: float = 0.45, letterbox: bool = True,
+              paths: Sequence[str] | None = None, limit: int | None = None,
+              progress: Callable[[int, int], None] | None = None) -> ValidRun:
+    """Run `net` over the `valid` list of `data_cfg` (a .data path or a datasets.DataConfig), or over
+    `paths`: Darknet's validation pass (candidates above `thresh`, NMS). Images are fitted to the
+    net's current input size and run `net.batch` at a time (the net's batch and weights are left as
+    they are). Labels come from Darknet's label paths; malformed label lines are skipped
+    (`datasets.read_box_labels`). `progress(done, total)` is called after each batch."""
+    from .datasets import BatchLoader, read_data_file, read_list
     from .errors import DataError
     from .images import load_image
 
@@ -439,8 +315,15 @@ def evaluate_map(net, data_cfg, iou: float = 0.5, thresh: float = 0.005, nms: fl
     paths = list(paths)[:limit] if limit else list(paths)
     if not paths:
         raise DataError(f"{dc.path}: the valid list is empty")
+    dif_paths: list[str | None] = [None] * len(paths)
+    dif_list = difficult_list(dc)
+    if dif_list:
+        listed = read_list(dif_list)
+        if len(listed) < len(paths):
+            raise DataError(f"{dc.path}: difficult= {dif_list} lists {len(listed)} images, the valid list "
+                            f"{len(paths)} (Darknet reads them side by side)")
+        dif_paths = listed[:len(paths)]
     classes = detection_heads(net)[-1].classes
-    names = dc.names or None
     kind, beta = nms_settings(net)
     B = net.batch
     c, h, w = net.input_shape
@@ -453,12 +336,10 @@ def evaluate_map(net, data_cfg, iou: float = 0.5, thresh: float = 0.005, nms: fl
             img = load_image(p, c)
             sizes.append((img.shape[2], img.shape[1]))
             x[i] = prepare_image(img, net, letterbox)
-            lp = label_path_for(p)
-            truths.append(read_box_labels(lp, classes)[0] if os.path.isfile(lp) else np.zeros((0, 5)))
+            truths.append(_labels_with_difficult(p, dif_paths[k * B + i], classes))
         return x, sizes, truths
 
-    all_dets: list[Boxes] = []
-    all_truths: list[np.ndarray] = []
+    run = ValidRun(paths, [], [], [], [], classes, dc.names or None)
     chunks = (len(paths) + B - 1) // B
     with BatchLoader(load) as loader:
         for k in range(chunks):
@@ -466,8 +347,27 @@ def evaluate_map(net, data_cfg, iou: float = 0.5, thresh: float = 0.005, nms: fl
             net.forward(x)
             for i, (iw, ih) in enumerate(sizes):
                 dets = network_boxes(net, iw, ih, thresh, i, letterbox)
-                all_dets.append(do_nms_sort(dets, nms, kind, beta) if nms else dets)
-            all_truths += truths
+                run.detections.append(do_nms_sort(dets, nms, kind, beta) if nms else dets)
+            run.sizes += sizes
+            run.truths += [t for t, _ in truths]
+            run.difficult += [f for _, f in truths]
             if progress is not None:
                 progress(min((k + 1) * B, len(paths)), len(paths))
-    return compute_map(all_dets, all_truths, classes, iou, conf_thresh, names)
+    return run
+
+
+def map_of_run(run: ValidRun, iou: float = 0.5, conf_thresh: float = 0.25, metric: str = "darknet",
+               iou_thresholds: Sequence[float] | None = None) -> MapResult:
+    """`compute_map` on the detections of a `run_valid` pass."""
+    return compute_map(run.detections, run.truths, run.classes, iou, conf_thresh, run.names, metric=metric,
+                       sizes=run.sizes, difficult=run.difficult, iou_thresholds=iou_thresholds)
+
+
+def evaluate_map(net, data_cfg, iou: float = 0.5, thresh: float = 0.005, nms: float = 0.45,
+                 conf_thresh: float = 0.25, letterbox: bool = True, paths: Sequence[str] | None = None,
+                 limit: int | None = None, progress: Callable[[int, int], None] | None = None,
+                 metric: str = "darknet") -> MapResult:
+    """mAP of `net` on the `valid` list of `data_cfg` (see `run_valid`) under `metric`'s rules
+    (metrics.py: darknet, voc or coco)."""
+    run = run_valid(net, data_cfg, thresh, nms, letterbox, paths, limit, progress)
+    return map_of_run(run, iou, conf_thresh, metric)

@@ -91,6 +91,15 @@ class NetConfig:
     flip: int = 1
     random: int = 0
     clip: float = 0.0
+    label_smooth_eps: float = 0.0     # classifier truth: 1 - eps for the class, eps/(k-1) elsewhere
+    # detector augmentation (darkpy/augment.py)
+    mosaic: int = 0
+    mosaic_bound: int = 0
+    mixup: int = 0
+    cutmix: int = 0
+    blur: int = 0
+    gaussian_noise: int = 0
+    letter_box: int = 0
     seen: int = 0
     # darkpy (optim.py): AdamW, global-norm gradient clipping, linear warm-up
     adamw: bool = False
@@ -113,11 +122,12 @@ class NetConfig:
         c = cls()
         for key in ("batch", "subdivisions", "time_steps", "width", "height", "channels", "inputs",
                     "burn_in", "step", "max_batches", "max_crop", "min_crop", "center", "random",
-                    "sgdr_cycle", "sgdr_mult", "flip", "warmup"):
+                    "sgdr_cycle", "sgdr_mult", "flip", "warmup", "mosaic", "mosaic_bound", "mixup", "cutmix",
+                    "blur", "gaussian_noise", "letter_box"):
             setattr(c, key, sec.get_int(key, getattr(c, key)))
         for key in ("learning_rate", "momentum", "decay", "power", "scale", "gamma", "B1", "B2", "eps",
                     "angle", "aspect", "saturation", "exposure", "hue", "clip", "learning_rate_min",
-                    "max_ratio", "min_ratio", "weight_decay", "clip_norm"):
+                    "max_ratio", "min_ratio", "weight_decay", "clip_norm", "label_smooth_eps"):
             setattr(c, key, sec.get_float(key, getattr(c, key)))
         c.adam = sec.get_bool("adam", False)
         c.adamw = sec.get_bool("adamw", False)

@@ -82,8 +82,15 @@ def yolo_reference(z, truth, *, mask, classes=CLASSES, lw=LW, lh=LH, net=NET, ig
         return (4 * v * v if new_coords else math.exp(v)) * anchor / net
 
     def set_box(b, a, j, i, t, anchor):
-        W[b, a, :4, j, i] = (2 - t[2] * t[3]) * iou_norm
-        T[b, a, :4, j, i] = (t[0] * lw - i, t[1] * lh - j, size(t[2], anchor[0]), size(t[3], anchor[1]))
+        w = (2 - t[2] * t[3]) * iou_norm
+        target = np.array((t[0] * lw - i, t[1] * lh - j, size(t[2], anchor[0]), size(t[3], anchor[1])))
+        if iou_thresh < 1:      # the fork: box deltas of several truths on a slot add up (averaged below)
+            w_old, t_old = W[b, a, :4, j, i].copy(), T[b, a, :4, j, i].copy()
+            W[b, a, :4, j, i] = w_old + w
+            T[b, a, :4, j, i] = (w_old * t_old + w * target) / (w_old + w)
+            return
+        W[b, a, :4, j, i] = w
+        T[b, a, :4, j, i] = target
 
     def set_class(b, a, j, i, c):
         on, off = 1 - eps / 2, eps / 2
@@ -121,6 +128,15 @@ def yolo_reference(z, truth, *, mask, classes=CLASSES, lw=LW, lh=LH, net=NET, ig
                 set_box(b, a, j, i, t, ANCHORS[k])
                 T[b, a, 4, j, i], W[b, a, 4, j, i] = 1.0, obj_norm
                 set_class(b, a, j, i, t[4])
+        if iou_thresh < 1:      # averages_yolo_deltas: / the number of positive class deltas
+            for a in range(n):
+                for j in range(lh):
+                    for i in range(lw):
+                        if W[b, a, 4, j, i] * (T[b, a, 4, j, i] - act[b, a, 4, j, i]) == 0:
+                            continue
+                        k = int((W[b, a, 5:, j, i] * (T[b, a, 5:, j, i] - act[b, a, 5:, j, i]) > 0).sum())
+                        if k:
+                            W[b, a, :4, j, i] /= k
     return act, T, W
 
 

@@ -22,6 +22,25 @@ fork's box-space convention: `δx = n·∂Q/∂bx`, `δw = 2n·∂Q/∂bw·e^{tw
 Class delta: `cls_normalizer·(t - p)` for every class; when a second truth lands on the same slot
 (its class-0 delta is already non-zero) only its own class entry is set, to `1 - p` (Darknet).
 
+The fork's loss options:
+- `focal_loss=1`: at a positive slot every class delta is `(t - p)·α·g` with α = 0.5 and
+  `g = -(1 - pt)(2·pt·ln pt + pt - 1)`, pt the truth class's probability, so the truth class's delta
+  is the negative gradient of α·FL, FL = -(1 - pt)²·ln pt, with respect to its logit: easy (confident)
+  positives get far smaller deltas than with cross-entropy.
+- `counters_per_class=n0,n1,..`: class weight `max(n)/n_c` (capped at max_delta) multiplies the box
+  deltas (through iou_normalizer), the objectness delta and the truth class's own class delta of
+  every positive of class c.
+- `iou_thresh=t < 1`: every masked anchor whose shape IoU with the truth is above t is a positive
+  too; box deltas of several truths on one slot then add up and are divided by the number of
+  positive class deltas there (the fork's averages_yolo_deltas).
+- `objectness_smooth=1`: a slot whose best IoU passes ignore_thresh gets the objectness target IoU
+  instead of no delta (the fork keeps the larger of the deltas towards 0 and towards the IoU); a
+  truth_thresh positive gets IoU² for objectness and its class; an anchor positive keeps any
+  objectness delta already set
+  (darknet: including the first pass's "no object" delta, so a poorly predicted positive trains
+  towards 0).
+- `max_delta`: every IoU-kind box delta is clipped to ±max_delta; `new_coords=1` (above).
+
 Deltas are negative gradients of: binary cross-entropy on x, y (targets tx, ty), obj and each class,
 and ½·s·(t - z)² on w, h — no sigmoid derivative is applied in backward because the cross-entropy
 gradient with respect to the logit already is `σ - t`. `cost = Σ δ²` (what Darknet reports).
@@ -47,8 +66,7 @@ MSE = -1
 _IOU, _CAT, _OBJ, _ANYOBJ, _R50, _R75, _COUNT, _BAD = range(8)
 
 #: fork keys darkpy reads but does not implement: a non-default value is warned about
-_IGNORED_KEYS = {"focal_loss": "0", "objectness_smooth": "0", "delta_normalizer": "1", "iou_thresh_kind": "iou",
-                 "counters_per_class": None, "track_history_size": None, "sim_thresh": None,
+_IGNORED_KEYS = {"delta_normalizer": "1", "iou_thresh_kind": "iou", "track_history_size": None, "sim_thresh": None,
                  "dets_for_track": None, "dets_for_show": None, "track_ciou_norm": None,
                  "embedding_layer": None, "show_details": None}
 
@@ -160,6 +178,56 @@ def _class_delta(delta, out, b, cidx, hw, cls, classes, cls_norm, eps):
 
 
 @jit
+def _class_delta_opts(delta, out, b, cidx, hw, cls, classes, cls_norm, eps, focal, mult):
+    """`_class_delta` with the fork's options: `focal` (focal loss, alpha 0.5, gamma 2: every class
+    delta scaled by the truth class's modulation) and `mult` (the truth class's counters_per_class
+    weight on its own entry). A second truth on the slot takes the plain branch, as in the fork."""
+    if not focal or delta[b, cidx] != 0:
+        p = _class_delta(delta, out, b, cidx, hw, cls, classes, cls_norm, eps)
+        delta[b, cidx + cls * hw] *= mult
+        return p
+    pt = out[b, cidx + cls * hw] + 1e-15
+    grad = -(1.0 - pt) * (2.0 * pt * math.log(pt) + pt - 1.0)
+    for c in range(classes):
+        t = 1.0 if c == cls else 0.0
+        delta[b, cidx + c * hw] = cls_norm * (t - out[b, cidx + c * hw]) * 0.5 * grad
+    return out[b, cidx + cls * hw]
+
+
+@jit
+def _box_delta_acc(delta, out, b, idx, hw, i, j, lw, lh, aw, ah, net_w, net_h, tx, ty, tw, th, scale,
+                   iou_kind, iou_norm, max_delta, new_coords, accumulate):
+    """`_box_delta`, added to the slot's box deltas when `accumulate` (the fork with iou_thresh < 1)."""
+    d0, d1, d2, d3 = delta[b, idx], delta[b, idx + hw], delta[b, idx + 2 * hw], delta[b, idx + 3 * hw]
+    iou = _box_delta(delta, out, b, idx, hw, i, j, lw, lh, aw, ah, net_w, net_h, tx, ty, tw, th, scale,
+                     iou_kind, iou_norm, max_delta, new_coords)
+    if accumulate:
+        delta[b, idx] += d0
+        delta[b, idx + hw] += d1
+        delta[b, idx + 2 * hw] += d2
+        delta[b, idx + 3 * hw] += d3
+    return iou
+
+
+@jit
+def _average_box_deltas(delta, b, n, entries, hw, classes):
+    """The fork's averages_yolo_deltas: at each slot with an objectness delta, divide the accumulated
+    box deltas by the number of classes with a positive delta."""
+    for a in range(n):
+        for loc in range(hw):
+            idx = a * entries * hw + loc
+            if delta[b, idx + 4 * hw] == 0:
+                continue
+            k = 0
+            for c in range(classes):
+                if delta[b, idx + (5 + c) * hw] > 0:
+                    k += 1
+            if k > 0:
+                for e in range(4):
+                    delta[b, idx + e * hw] /= k
+
+
+@jit
 def _valid_truth(truth, b, t, classes):
     """-1: end of list (x == 0); 0: a malformed box to skip; 1: usable."""
     x = truth[b, 5 * t]
@@ -185,7 +253,7 @@ def _truth_cell(truth, b, t, class_map, lw, lh):
 @jit
 def yolo_delta(delta, stats, out, truth, biases, mask, class_map, lw, lh, net_w, net_h, classes,
                max_boxes, ignore_thresh, truth_thresh, iou_kind, iou_norm, obj_norm, cls_norm, eps,
-               max_delta, iou_thresh, new_coords):
+               max_delta, iou_thresh, new_coords, focal, class_mult, obj_smooth):
     """Darknet's yolo training deltas (module doc) into `delta` (zeroed by the caller)."""
     # delta, out: (batch, n*(5+classes)*lw*lh); truth: (batch, >= 5*max_boxes); biases: (2*total,)
     # mask: (n,) anchor index per slot; class_map: (classes,) or more; stats: (8,) float64 sums
@@ -217,15 +285,24 @@ def yolo_delta(delta, stats, out, truth, biases, mask, class_map, lw, lh, net_w,
                     stats[_ANYOBJ] += out[b, oidx]
                     delta[b, oidx] = obj_norm * (0.0 - out[b, oidx])
                     if best_iou > ignore_thresh:
-                        delta[b, oidx] = 0.0
+                        if obj_smooth:      # the fork: target the IoU where it is a better one than 0
+                            delta[b, oidx] = max(delta[b, oidx], obj_norm * (best_iou - out[b, oidx]))
+                        else:
+                            delta[b, oidx] = 0.0
                     if best_iou > truth_thresh:
-                        delta[b, oidx] = obj_norm * (1.0 - out[b, oidx])
+                        target = best_iou * best_iou if obj_smooth else 1.0
+                        delta[b, oidx] = obj_norm * (target - out[b, oidx])
                         tx, ty = truth[b, 5 * best_t], truth[b, 5 * best_t + 1]
                         tw, th = truth[b, 5 * best_t + 2], truth[b, 5 * best_t + 3]
                         cls = class_map[int(truth[b, 5 * best_t + 4])]
-                        _class_delta(delta, out, b, idx + 5 * hw, hw, cls, classes, cls_norm, eps)
-                        _box_delta(delta, out, b, idx, hw, i, j, lw, lh, aw, ah, net_w, net_h, tx, ty, tw,
-                                   th, 2 - tw * th, iou_kind, iou_norm, max_delta, new_coords)
+                        cm = class_mult[cls]
+                        cidx = idx + 5 * hw
+                        _class_delta_opts(delta, out, b, cidx, hw, cls, classes, cls_norm, eps, focal, cm)
+                        if obj_smooth:
+                            delta[b, cidx + cls * hw] = cm * (target - out[b, cidx + cls * hw])
+                        _box_delta_acc(delta, out, b, idx, hw, i, j, lw, lh, aw, ah, net_w, net_h, tx, ty, tw,
+                                       th, 2 - tw * th, iou_kind, iou_norm * cm, max_delta, new_coords,
+                                       iou_thresh < 1.0)
         for t in range(max_boxes):
             v = _valid_truth(truth, b, t, classes)
             if v < 0:
@@ -251,19 +328,25 @@ def yolo_delta(delta, stats, out, truth, biases, mask, class_map, lw, lh, net_w,
                     if shape_iou <= iou_thresh:
                         continue
                 idx = a * entries * hw + j * lw + i
-                iou = _box_delta(delta, out, b, idx, hw, i, j, lw, lh, biases[2 * k], biases[2 * k + 1],
-                                 net_w, net_h, tx, ty, tw, th, 2 - tw * th, iou_kind, iou_norm, max_delta,
-                                 new_coords)
+                cm = class_mult[cls]
+                iou = _box_delta_acc(delta, out, b, idx, hw, i, j, lw, lh, biases[2 * k], biases[2 * k + 1],
+                                     net_w, net_h, tx, ty, tw, th, 2 - tw * th, iou_kind, iou_norm * cm,
+                                     max_delta, new_coords, iou_thresh < 1.0)
                 oidx = idx + 4 * hw
                 stats[_OBJ] += out[b, oidx]
-                delta[b, oidx] = obj_norm * (1.0 - out[b, oidx])
-                stats[_CAT] += _class_delta(delta, out, b, idx + 5 * hw, hw, cls, classes, cls_norm, eps)
+                # darknet: with smoothing, any delta set in the first pass stays (even the target-0 one)
+                if not obj_smooth or delta[b, oidx] == 0:
+                    delta[b, oidx] = cm * obj_norm * (1.0 - out[b, oidx])
+                stats[_CAT] += _class_delta_opts(delta, out, b, idx + 5 * hw, hw, cls, classes, cls_norm, eps,
+                                                 focal, cm)
                 stats[_IOU] += iou
                 stats[_COUNT] += 1
                 if iou > 0.5:
                     stats[_R50] += 1
                 if iou > 0.75:
                     stats[_R75] += 1
+        if iou_thresh < 1.0:
+            _average_box_deltas(delta, b, n, entries, hw, classes)
 
 
 def _same(value: str, default: str) -> bool:
@@ -292,6 +375,16 @@ def read_class_map(sec, classes: int) -> np.ndarray | None:
     # a shorter map (YOLO9000's coco9k.map: 80 ids for 9418 classes) maps the rest to themselves
     # (darknet: reads past its end)
     return np.concatenate([cmap, np.arange(cmap.size, classes, dtype=np.int64)]) if cmap.size < classes else cmap
+
+
+def class_multipliers(counts, classes: int, max_delta: float, sec=None) -> np.ndarray:
+    """The fork's counters_per_class weights: max(count) / count per class (counts below 1 count as
+    1), capped at max_delta."""
+    if len(counts) != classes:
+        msg = f"has {len(counts)} values for classes={classes}"
+        raise sec.error(msg, "counters_per_class") if sec is not None else ValueError(msg)
+    c = np.maximum(np.asarray(counts, np.float64), 1.0)
+    return np.minimum(c.max() / c, max_delta)
 
 
 def letterbox_correct(boxes: np.ndarray, img_w: int, img_h: int, net_w: int, net_h: int,
@@ -353,6 +446,9 @@ class YoloLayer(Layer):
         self.max_delta = math.inf
         self.iou_thresh = 1.0
         self.new_coords = False
+        self.focal_loss = False
+        self.objectness_smooth = False
+        self.class_mult = np.ones(classes, np.float64)     # counters_per_class weights
         self.nms_kind = "default"
         self.beta_nms = 0.6
         self.resize_factor = 1.0
@@ -404,6 +500,11 @@ class YoloLayer(Layer):
         layer.max_delta = sec.get_float("max_delta", math.inf)
         layer.iou_thresh = sec.get_float("iou_thresh", 1.0)
         layer.new_coords = sec.get_bool("new_coords", False)
+        layer.focal_loss = sec.get_bool("focal_loss", False)
+        layer.objectness_smooth = sec.get_bool("objectness_smooth", False)
+        counts = sec.get_int_list("counters_per_class", None)
+        if counts is not None:
+            layer.class_mult = class_multipliers(counts, classes, layer.max_delta, sec)
         layer.nms_kind = sec.get_choice("nms_kind", ("default", "greedynms", "diounms", "cornersnms"), "default")
         layer.beta_nms = sec.get_float("beta_nms", 0.6)
         layer.resize_factor = sec.get_float("resize", 1.0)
@@ -448,7 +549,7 @@ class YoloLayer(Layer):
                    self.mask, self.class_map, w, h, net_w, net_h, self.classes, truth_boxes(self, s.truth),
                    self.ignore_thresh, self.truth_thresh, self.iou_loss, self.iou_normalizer,
                    self.obj_normalizer, self.cls_normalizer, self.label_smooth_eps, self.max_delta,
-                   self.iou_thresh, self.new_coords)
+                   self.iou_thresh, self.new_coords, self.focal_loss, self.class_mult, self.objectness_smooth)
         np.square(self.delta, out=self.loss)
         self.cost = float(self.loss.sum())
         self._set_stats(self.batch * self.n * hw)

@@ -1,0 +1,82 @@
+"""mAP of cfg/shapes-tiny.cfg trained with and without `mosaic=1` on the bundled shapes generator.
+
+    python benchmarks/mosaic_map.py --out /tmp/mosaic --size 128 --images 1500 --iterations 600 \\
+        --threads 8 [--mosaic] [--seed 1]
+
+Generates the dataset (once per --out), edits a copy of the cfg (size, schedule, mosaic), trains
+with the seed, and prints one JSON line: the settings, mAP@0.5 (darknet rules, all-point) and COCO's
+AP@[.5:.95] on the held-out images, and the training time.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--size", type=int, default=128)
+    p.add_argument("--images", type=int, default=1500)
+    p.add_argument("--iterations", type=int, default=600)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--mosaic", action="store_true")
+    a = p.parse_args()
+
+    from darkpy.cfg import load_cfg
+    from darkpy.detect import map_of_run, run_valid
+    from darkpy.network import load_network
+    from darkpy.settings import Settings
+    from darkpy.train import configure_threads, train
+
+    out = Path(a.out)
+    shapes = out / f"shapes{a.size}"
+    if not (shapes / "valid.list").is_file():
+        spec = importlib.util.spec_from_file_location("gen", ROOT / "data" / "shapes" / "generate.py")
+        gen = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gen)
+        gen.generate(shapes, n=a.images, size=a.size, seed=0)
+    tag = "mosaic" if a.mosaic else "plain"
+    run_dir = out / tag
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data = run_dir / "shapes.data"
+    data.write_text(f"classes=4\ntrain={shapes / 'train.list'}\nvalid={shapes / 'valid.list'}\n"
+                    f"names={ROOT / 'data' / 'shapes.names'}\nbackup={run_dir / 'backup'}\n")
+    doc = load_cfg(ROOT / "cfg" / "shapes-tiny.cfg")
+    n = a.iterations
+    for key, value in (("width", a.size), ("height", a.size), ("max_batches", n), ("burn_in", min(100, n // 6)),
+                       ("steps", f"{n * 3 // 4},{n * 9 // 10}")):
+        doc.set(f"net.{key}", str(value))
+    if a.size != 128:
+        f = a.size / 128
+        anchors = ", ".join(f"{max(int(v * f), 1)},{max(int(v * f), 1)}" for v in (16, 22, 28, 36, 44, 54))
+        for i, sec in enumerate(doc.layers):
+            if sec.kind == "yolo":
+                doc.set(f"{i}.anchors", anchors)
+    if a.mosaic:
+        doc.set("net.mosaic", "1")
+        doc.set("net.mosaic_bound", "1")
+    cfg = run_dir / "shapes-tiny.cfg"
+    doc.write(cfg)
+    settings = Settings(threads=a.threads)
+    configure_threads(a.threads)
+    t0 = time.perf_counter()
+    result = train(cfg, data=data, seed=a.seed, settings=settings, evaluate=False)
+    took = time.perf_counter() - t0
+    net = load_network(cfg, result.weights, batch=16)
+    run = run_valid(net, data)
+    dk = map_of_run(run, 0.5, metric="darknet")
+    coco = map_of_run(run, metric="coco")
+    print(json.dumps({"mosaic": a.mosaic, "size": a.size, "images": a.images, "iterations": n, "seed": a.seed,
+                      "valid_images": len(run.paths), "map50": dk.map_all, "coco_ap": coco.coco["AP"],
+                      "coco_ap50": coco.coco["AP50"], "train_s": round(took, 1)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Detector augmentations (darkpy/augment.py): deterministic under the seed, and the boxes checked
+against the pixels they label (solid red rectangles on black images), plus the preview command."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from darkpy.augment import AugmentOptions, augmented_sample, gaussian_blur
+from darkpy.cli import main
+from darkpy.datasets import DetectionData
+from darkpy.train import augment_rng
+
+
+@pytest.fixture(scope="module")
+def red_boxes(tmp_path_factory):
+    """10 images (various sizes) with 1-3 solid red rectangles each, and their label files."""
+    root = tmp_path_factory.mktemp("red")
+    (root / "images").mkdir()
+    (root / "labels").mkdir()
+    rng = np.random.default_rng(0)
+    paths = []
+    for k in range(10):
+        w, h = int(rng.integers(60, 120)), int(rng.integers(60, 120))
+        img = np.zeros((h, w, 3), np.uint8)
+        lines = []
+        for _ in range(int(rng.integers(1, 4))):
+            bw, bh = int(rng.integers(12, w // 2)), int(rng.integers(12, h // 2))
+            x0, y0 = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
+            if (img[y0:y0 + bh, x0:x0 + bw, 0] > 0).any():
+                continue                                  # keep rectangles apart
+            img[y0:y0 + bh, x0:x0 + bw, 0] = 255
+            lines.append(f"0 {(x0 + bw / 2) / w} {(y0 + bh / 2) / h} {bw / w} {bh / h}\n")
+        p = root / "images" / f"r{k}.png"
+        Image.fromarray(img).save(p)
+        (root / "labels" / f"r{k}.txt").write_text("".join(lines))
+        paths.append(str(p))
+    (root / "train.txt").write_text("\n".join(paths) + "\n")
+    return root, paths
+
+
+def dataset(paths, **opts):
+    d = DetectionData(paths, 1, None, augment=True, jitter=0.2, hue=0, saturation=1, exposure=1)
+    d.options = AugmentOptions(**opts)
+    return d
+
+
+def red_mask(img, strict=False):
+    r, g = img[0], img[1]
+    return (r > 0.9) & (g < 0.1) if strict else (r > 0.7) & (g < 0.3)
+
+
+def check_boxes_match_pixels(img, boxes, inside=True, margin=2):
+    """Every clearly red pixel lies in some box (grown by `margin` px for resampling); with `inside`,
+    each box (shrunk by `margin`) is at least 95 % red."""
+    _, h, w = img.shape
+    covered = np.zeros((h, w), bool)
+    for x, y, bw, bh, _ in boxes:
+        x0, x1 = (x - bw / 2) * w, (x + bw / 2) * w
+        y0, y1 = (y - bh / 2) * h, (y + bh / 2) * h
+        rows = slice(max(int(y0) - margin, 0), int(np.ceil(y1)) + margin)
+        covered[rows, max(int(x0) - margin, 0):int(np.ceil(x1)) + margin] = True
+        if inside and x1 - x0 > 2 * margin + 1 and y1 - y0 > 2 * margin + 1:
+            core = red_mask(img)[int(np.ceil(y0)) + margin:int(y1) - margin, int(np.ceil(x0)) + margin:int(x1) - margin]
+            assert core.mean() >= 0.95, (x, y, bw, bh, core.mean())
+    stray = red_mask(img, strict=True) & ~covered
+    assert not stray.any(), f"{stray.sum()} red pixels outside every box"
+
+
+OPTIONS = {
+    "plain_letter_box": dict(letter_box=True),
+    "mosaic_bound": dict(mosaic=True, mosaic_bound=True),
+    "mosaic": dict(mosaic=True),
+    "cutmix": dict(cutmix=True),
+    "blur_background": dict(blur=1),
+    "blur_all": dict(blur=6),
+    "noise": dict(gaussian_noise=10),
+    "mixup": dict(mixup=True),
+    "mosaic_mixup": dict(mosaic=True, mixup=True, mosaic_bound=True),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_deterministic_under_the_seed(red_boxes, name):
+    _, paths = red_boxes
+    d = dataset(paths, **OPTIONS[name])
+    x1, t1 = d.load([0, 3, 5], augment_rng(7, 2), 64, 48)
+    x2, t2 = d.load([0, 3, 5], augment_rng(7, 2), 64, 48)
+    x3, t3 = d.load([0, 3, 5], augment_rng(8, 2), 64, 48)
+    assert np.array_equal(x1, x2) and np.array_equal(t1, t2)
+    assert not np.array_equal(x1, x3)
+
+
+@pytest.mark.parametrize("name", ["plain_letter_box", "mosaic_bound", "blur_background", "noise"])
+def test_boxes_follow_the_pixels(red_boxes, name):
+    _, paths = red_boxes
+    d = dataset(paths, **OPTIONS[name])
+    for k in range(12):
+        img, boxes = augmented_sample(d, k % len(paths), augment_rng(1, k), 96, 80, d.options)
+        assert img.shape == (3, 80, 96) and boxes.shape[1] == 5
+        check_boxes_match_pixels(img, boxes)
+
+
+@pytest.mark.parametrize("name", ["mosaic", "cutmix"])
+def test_boxes_cover_the_pixels(red_boxes, name):
+    """mosaic_bound=0 lets a box reach past its quadrant and cutmix may cover an item's box, so only
+    the "every red pixel is labelled" half holds."""
+    _, paths = red_boxes
+    d = dataset(paths, **OPTIONS[name])
+    for k in range(12):
+        img, boxes = augmented_sample(d, k % len(paths), augment_rng(2, k), 96, 80, d.options)
+        check_boxes_match_pixels(img, boxes, inside=False)
+
+
+def test_mosaic_uses_four_images_and_quadrant_bounds(red_boxes):
+    _, paths = red_boxes
+    d = dataset(paths, mosaic=True, mosaic_bound=True)
+    counts = [len(augmented_sample(d, 0, augment_rng(3, k), 96, 80, d.options)[1]) for k in range(10)]
+    single = len(d.boxes(0))
+    assert max(counts) > single                 # boxes from the other quadrants' images
+
+
+def test_mixup_blends_and_keeps_both_box_lists(red_boxes):
+    _, paths = red_boxes
+    d = dataset(paths, mixup=True)
+    found = False
+    for k in range(10):
+        img, boxes = augmented_sample(d, 1, augment_rng(4, k), 96, 80, d.options)
+        plain = dataset(paths)
+        if len(boxes) > len(plain.boxes(1)):
+            found = True
+            vals = np.unique(np.round(img[0], 3))
+            assert ((vals > 0.05) & (vals < 0.95)).any()    # blended red
+    assert found
+
+
+def test_gaussian_blur_is_normalised():
+    img = np.random.default_rng(0).random((3, 20, 30)).astype(np.float32)
+    out = gaussian_blur(img, 2.0)
+    assert out.shape == img.shape and abs(out.mean() - img.mean()) < 0.01 and out.std() < img.std()
+
+
+def test_preview_command_writes_images(red_boxes, tmp_path):
+    root, _ = red_boxes
+    data = tmp_path / "r.data"
+    data.write_text(f"classes=1\ntrain={root / 'train.txt'}\n")
+    cfg = tmp_path / "r.cfg"
+    cfg.write_text("[net]\nwidth=64\nheight=64\nchannels=3\nmosaic=1\nmosaic_bound=1\n\n[convolutional]\n"
+                   "filters=12\nsize=1\nstride=4\nactivation=linear\n\n[yolo]\nmask=0,1\nanchors=8,8,16,16\n"
+                   "classes=1\nnum=2\n")
+    out = tmp_path / "prev"
+    r = CliRunner().invoke(main, ["augment-preview", str(cfg), "--data", str(data), "--out", str(out), "-n", "3"])
+    assert r.exit_code == 0, r.output
+    files = sorted(out.glob("aug_*.png"))
+    assert len(files) == 3
+    a = np.asarray(Image.open(files[0]))
+    assert a.shape == (64, 64, 3)
+
+
+def test_training_with_mosaic_mixup_runs(red_boxes, tmp_path):
+    from darkpy.settings import Settings
+    from darkpy.train import train
+    root, _ = red_boxes
+    data = tmp_path / "r.data"
+    data.write_text(f"classes=1\ntrain={root / 'train.txt'}\n")
+    cfg = tmp_path / "r.cfg"
+    cfg.write_text("[net]\nbatch=2\nwidth=32\nheight=32\nchannels=3\nlearning_rate=0.001\nmax_batches=3\n"
+                   "mosaic=1\nmixup=1\ncutmix=1\nblur=1\ngaussian_noise=5\nletter_box=1\n\n[convolutional]\n"
+                   "filters=12\nsize=1\nstride=4\nactivation=linear\n\n[yolo]\nmask=0,1\nanchors=8,8,16,16\n"
+                   "classes=1\nnum=2\n")
+    r = train(str(cfg), data=str(data), max_batches=3, backup=str(tmp_path / "b"), settings=Settings(), evaluate=False)
+    assert r.loss is not None and np.isfinite(r.loss)
