@@ -1,0 +1,140 @@
+"""darkpy networks as ONNX models (`darkpy export`, `darkpy.export_onnx`), and ONNX Runtime as an
+inference engine (`OnnxEngine`, `--engine onnxruntime`).
+
+Every layer is converted by the converter registered for its kind (convert.py), reproducing darkpy's
+inference forward exactly; a layer that cannot be expressed is refused with an `ExportError` naming
+its section (never an approximate graph). Heads: `raw` gives one output per detection head (the
+tensor the [yolo]/[region]/[detection] layer outputs, its activations applied) or the network output
+for other networks; `boxes` gives `boxes` (B, N, 4: x1, y1, x2, y2 relative to the network input) and
+`scores` (B, N, classes: objectness x class probability); `nms` adds ONNX NonMaxSuppression with
+`iou_threshold`, `score_threshold` and `max_output_boxes_per_class` as graph inputs.
+
+This package imports onnx; `import darkpy` does not import it (darkpy.export_onnx is lazy).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from ..errors import CfgError
+
+
+class ExportError(CfgError):
+    """A network (or one section of it) that cannot be exported to ONNX exactly."""
+
+
+def cfg_sha256(net) -> str:
+    """sha256 of the cfg file's bytes (of the parsed text when the network has no file)."""
+    path = getattr(net, "file", None)
+    if path and os.path.isfile(path):
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    return hashlib.sha256(net.doc.text().encode()).hexdigest()
+
+
+def export_onnx(net, path=None, *, batch: int = 1, dynamic_batch: bool = False, opset: int | None = None,
+                heads: str = "raw", nms: bool = False, fp16: bool = False, fold: bool = True,
+                names=None, letterbox: bool | None = None):
+    """Export `net` (a darkpy Network at its current input size) to ONNX; write it to `path` when
+    given. Returns the onnx.ModelProto. See the module docstring for `heads` and `nms`."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto
+
+    from .. import __version__
+    from .convert import Ctx, convert_layers
+    from .graph import MIN_OPSET, Graph
+    from .heads import add_nms, all_boxes
+
+    opset = MIN_OPSET if opset is None else int(opset)
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= newest:
+        raise ExportError(f"--opset {opset}: darkpy's graphs need opset {MIN_OPSET}..{newest}")
+    if heads not in ("raw", "boxes"):
+        raise ExportError(f"--heads {heads!r}: expected raw or boxes")
+    if batch < 1:
+        raise ExportError(f"--batch {batch}: must be >= 1")
+    if nms:
+        heads = "boxes"
+    head_layers = [layer for layer in net.layers if getattr(layer, "is_detection_head", False)]
+    if heads == "boxes" and not head_layers:
+        raise ExportError(f"{net.file}: --heads boxes needs a [yolo], [region] or [detection] layer")
+    if heads == "boxes" and len({layer.classes for layer in head_layers}) > 1:
+        raise ExportError(f"{net.file}: the detection heads disagree on the number of classes")
+
+    g = Graph(np.float16 if fp16 else np.float32)
+    b = "batch" if dynamic_batch else batch
+    g.add_input("input", [b, *net.input_shape])
+    x = g.op("Cast", ["input"], "input_fp16", to=TensorProto.FLOAT16) if fp16 else "input"
+    ctx = Ctx(g, net, fold=fold, input=(x, tuple(net.input_shape)))
+    convert_layers(ctx)
+
+    def output(name: str, t: str, shape) -> None:
+        if fp16:
+            t = g.op("Cast", [t], name + "_fp32", to=TensorProto.FLOAT)
+        g.nodes.append(onnx.helper.make_node("Identity", [t], [name], name="n_out_" + name))
+        g.add_output(name, shape)
+
+    layout = {}
+    if heads == "raw":
+        outs = head_layers or [net.output_layer]
+        for layer in outs:
+            name = f"{layer.kind}_{layer.index}" if head_layers else "output"
+            output(name, ctx.tensors[layer.index][0], [b, *layer.out_shape])
+            layout[name] = f"layer {layer.index} [{layer.kind}] output (batch, {', '.join(map(str, layer.out_shape))})"
+    else:
+        boxes, scores = all_boxes(ctx, head_layers)
+        classes = head_layers[-1].classes
+        if fp16:
+            boxes = g.op("Cast", [boxes], "boxes32", to=TensorProto.FLOAT)
+            scores = g.op("Cast", [scores], "scores32", to=TensorProto.FLOAT)
+        n_boxes = sum(_candidates(layer) for layer in head_layers)
+        for name, t, shape in (("boxes", boxes, [b, n_boxes, 4]), ("scores", scores, [b, n_boxes, classes])):
+            g.nodes.append(onnx.helper.make_node("Identity", [t], [name], name="n_out_" + name))
+            g.add_output(name, shape)
+        layout["boxes"] = "x1, y1, x2, y2 relative to the network input"
+        layout["scores"] = "objectness x class probability"
+        if nms:
+            sel = add_nms(g, "boxes", "scores")
+            g.nodes.append(onnx.helper.make_node("Identity", [sel], ["selected_indices"], name="n_out_sel"))
+            g.add_output("selected_indices", ["selected", 3], TensorProto.INT64)
+            layout["selected_indices"] = "(batch, class, candidate) rows kept by NonMaxSuppression"
+
+    model = g.model(opset, doc=f"darkpy export of {os.path.basename(str(net.file))}")
+    c_in = net.input_shape
+    if letterbox is None:
+        letterbox = bool(head_layers) and all(getattr(h, "letterbox_boxes", False) for h in head_layers)
+    meta = {
+        "darkpy_version": __version__,
+        "cfg": os.path.basename(str(net.file)),
+        "cfg_sha256": cfg_sha256(net),
+        "input_shape": json.dumps(list(c_in)),
+        "input_width": str(net.width), "input_height": str(net.height),
+        "input_range": "0..1, RGB, CHW",
+        "letterbox": "1" if letterbox else "0",
+        "heads": "nms" if nms else heads,
+        "outputs": json.dumps(layout),
+        "batch_norm": "folded" if fold else "kept",
+        "dtype": "float16" if fp16 else "float32",
+    }
+    if names:
+        meta["class_names"] = json.dumps(list(names))
+    onnx.helper.set_model_props(model, meta)
+    if path is not None:
+        onnx.save(model, os.fspath(path))
+    return model
+
+
+def _candidates(layer) -> int:
+    if layer.kind == "detection":
+        return layer.side * layer.side * layer.n
+    _, h, w = layer.out_shape
+    return layer.n * h * w
+
+
+def __getattr__(name):      # OnnxEngine lazily (it imports onnxruntime)
+    if name == "OnnxEngine":
+        from .engine import OnnxEngine
+        return OnnxEngine
+    raise AttributeError(name)
