@@ -14,4 +14,12 @@ from .network import Network, load_network
 
 __version__ = "0.1.0"
 __all__ = ["load_network", "Network", "DarkpyError", "CfgError", "WeightsError", "DataError",
-           "StateError", "TrainingError", "__version__"]
+           "StateError", "TrainingError", "__version__", "export_onnx"]
+
+
+def __getattr__(name):
+    """`darkpy.export_onnx` is imported on first use, so `import darkpy` never imports onnx."""
+    if name == "export_onnx":
+        from .export import export_onnx
+        return export_onnx
+    raise AttributeError(f"module 'darkpy' has no attribute {name!r}")

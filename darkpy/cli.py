@@ -16,6 +16,7 @@ import click
 
 from . import __version__
 from .errors import DarkpyError
+from .cli_export import engine_option
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 #: `cfg get/set` take negative layer indices (`-1.filters`): not options.
@@ -150,13 +151,14 @@ def valid(cfg, weights, data, as_json, threads):
 @click.option("--data", "data", type=click.Path(dir_okay=False), help="The .data file (for class names).")
 @click.option("--top", "-t", type=click.IntRange(min=1), help="How many classes to show (default: .data top, else 5).")
 @click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
-def predict(cfg, weights, images, data, top, as_json):
+@engine_option
+def predict(cfg, weights, images, data, top, as_json, engine):
     """The top classes of each IMAGE, with probabilities."""
     from .train import configure_threads, predict as run_predict
 
     configure_threads(_settings().threads)
     preds = run_predict(cfg, weights, images, data=data, top=top,
-                        notify=lambda message: click.echo(message, err=True))
+                        notify=lambda message: click.echo(message, err=True), engine=engine)
     if as_json:
         click.echo(json.dumps([p.as_dict() for p in preds], indent=1))
         return
@@ -292,6 +294,8 @@ def _register_extensions() -> None:
     """Commands that live in their own modules: `detect` and `map` (darkpy/cli_detect.py)."""
     from .cli_detect import register
     register(main)
+    from .cli_export import register as register_export
+    register_export(main)
 
 
 _register_extensions()

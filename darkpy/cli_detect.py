@@ -10,6 +10,8 @@ import os
 
 import click
 
+from .cli_export import engine_option, with_engine
+
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
@@ -71,13 +73,14 @@ def _threads(threads: int | None) -> None:
 @click.option("--no-letterbox", is_flag=True, help="Stretch images to the input size instead of letterboxing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the detections as JSON.")
 @click.option("--threads", type=click.IntRange(min=0), help="numba/BLAS threads (0 = all cores).")
-def detect_command(cfg, weights, images, thresh, nms, out_dir, data, no_letterbox, as_json, threads):
+@engine_option
+def detect_command(cfg, weights, images, thresh, nms, out_dir, data, no_letterbox, as_json, threads, engine):
     """Detect objects in each IMAGE: print class, confidence and box, and save the image with
     labelled boxes."""
     from . import detect, images as im
 
     _threads(threads)
-    net = _load_detector(cfg, weights)
+    net = with_engine(_load_detector(cfg, weights), cfg, weights, engine)
     classes = detect.detection_heads(net)[-1].classes
     names = _names(cfg, data, classes)
     os.makedirs(out_dir, exist_ok=True)
@@ -117,7 +120,8 @@ def detect_command(cfg, weights, images, thresh, nms, out_dir, data, no_letterbo
 @click.option("--no-letterbox", is_flag=True, help="Stretch images to the input size instead of letterboxing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--threads", type=click.IntRange(min=0), help="numba/BLAS threads (0 = all cores).")
-def map_command(cfg, weights, data, iou, conf_thresh, batch, limit, no_letterbox, as_json, threads):
+@engine_option
+def map_command(cfg, weights, data, iou, conf_thresh, batch, limit, no_letterbox, as_json, threads, engine):
     """Mean average precision of WEIGHTS on the `valid` list: per-class AP (VOC 11-point, all-point
     and COCO 101-point), precision, recall, F1 and average IoU."""
     from .detect import evaluate_map
@@ -125,6 +129,6 @@ def map_command(cfg, weights, data, iou, conf_thresh, batch, limit, no_letterbox
 
     _threads(threads)
     data_path = resolve_data_file(cfg, data)
-    net = _load_detector(cfg, weights, batch)
+    net = with_engine(_load_detector(cfg, weights, batch), cfg, weights, engine)
     r = evaluate_map(net, data_path, iou=iou, conf_thresh=conf_thresh, letterbox=not no_letterbox, limit=limit)
     click.echo(json.dumps(r.as_dict(), indent=1) if as_json else r.format())

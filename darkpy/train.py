@@ -842,11 +842,13 @@ class Prediction:
 
 
 def predict(cfg, weights, images: Sequence[str], data=None, top: int | None = None,
-            notify=None) -> list[Prediction]:
-    """`darkpy predict`: the top classes of each image (resized to the network's input)."""
+            notify=None, engine: str = "darkpy") -> list[Prediction]:
+    """`darkpy predict`: the top classes of each image (resized to the network's input);
+    `engine="onnxruntime"` runs the network exported to ONNX (cli_export.with_engine)."""
     from . import images as im
+    from .cli_export import with_engine
 
-    net = _load_for_inference(cfg, weights, notify)
+    net = with_engine(_load_for_inference(cfg, weights, notify), cfg, weights, engine)
     if is_detector(net):
         raise DarkpyError(f"{cfg}: `predict` shows classifier labels; this network is a detector: "
                           f"use `darkpy detect`")

@@ -149,4 +149,4 @@ def add_nms(g: Graph, boxes: str, scores: str) -> str:
     per_class = g.op("Transpose", [scores], perm=[0, 2, 1])
     # the box corners are (x1, y1, x2, y2): NMS's IoU is the same for (y1, x1, y2, x2)
     return g.op("NonMaxSuppression", [boxes, per_class, "max_output_boxes_per_class", "iou_threshold",
-                                      "score_threshold"], "selected_indices", center_point_box=0)
+                                      "score_threshold"], "nms", center_point_box=0)
