@@ -44,7 +44,8 @@ def with_engine(net, cfg, weights, engine: str):
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--width", type=click.IntRange(min=1), help="Input width (default: the cfg's).")
 @click.option("--height", type=click.IntRange(min=1), help="Input height (default: the cfg's).")
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True, help="Fixed batch size.")
+@click.option("--batch", type=click.IntRange(min=1),
+              help="Fixed batch size (default 1; time_steps rows for a recurrent network).")
 @click.option("--dynamic-batch", is_flag=True, help="A symbolic batch dimension instead of --batch.")
 @click.option("--opset", type=int, help="ONNX opset (default: the lowest darkpy's graphs need, 13).")
 @click.option("--heads", type=click.Choice(("raw", "boxes")), default="raw", show_default=True,
@@ -69,7 +70,8 @@ def export_command(cfg, weights, out, width, height, batch, dynamic_batch, opset
     for key, value in (("width", width), ("height", height)):
         if value is not None:
             doc.set(f"net.{key}", str(value))
-    net = Network(doc, batch=1)
+    steps = doc.net.get_int("time_steps", 1) if doc.net.has("time_steps") else 1
+    net = Network(doc, batch=max(steps, 1))
     net.load_weights(weights)
     names = None
     if data is not None:

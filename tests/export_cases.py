@@ -53,7 +53,8 @@ class Case:
 
 
 def build(name: str, width: int | None = None, height: int | None = None):
-    """darkpy network for shared cfg `name` at batch 1 (at width x height when given), without
+    """darkpy network for shared cfg `name` at batch 1 (time_steps rows for recurrent nets; at
+    width x height when given), without
     random init. Raises NotExported("darkpy: ...") when darkpy does not build it."""
     from darkpy.cfg import parse_cfg
     from darkpy.errors import DarkpyError
@@ -62,7 +63,9 @@ def build(name: str, width: int | None = None, height: int | None = None):
         doc = parse_cfg(oracle.darknet_text(path), str(path))
     except DarkpyError as e:
         raise NotExported(f"darkpy cannot build it: {e}") from None
-    for key, value in (("batch", "1"), ("subdivisions", "1")):
+    # one sequence of time_steps rows (recurrent nets), one image otherwise
+    steps = doc.net.get_int("time_steps", 1) if doc.net.has("time_steps") else 1
+    for key, value in (("batch", str(max(steps, 1))), ("subdivisions", "1")):
         doc.set(f"net.{key}", value)
     if width:
         doc.set("net.width", str(width))
@@ -88,7 +91,7 @@ def prepare(name: str) -> Case:
             continue
         bflops = sum(layer.flops() for layer in net.layers) / 1e9
         rng = np.random.default_rng(0)
-        x = rng.random((1, *net.input_shape), dtype=np.float32)
+        x = rng.random((net.batch, *net.input_shape), dtype=np.float32)
         randomize(net, x)
         net.forward(x)
         return Case(name, net, x, (net.width, net.height), bflops)
@@ -105,13 +108,15 @@ def randomize(net, x: np.ndarray, seed: int = 0) -> None:
               rng=np.random.default_rng(seed), net=net)
     for layer in net.layers:
         if layer.kind in ("convolutional", "connected"):
-            oracle._randomize_layer(layer, s.input, rng)
+            oracle._randomize_layer(layer, s.input[:1], rng)
         else:
             for a in layer.weight_arrays():
                 fan = max(a[0].size if a.ndim > 1 else 1, 1)
                 a[...] = rng.uniform(-1, 1, a.shape) * math.sqrt(3.0 / fan)
-            bn = getattr(layer, "bn", None)
-            if bn is not None:
+            for holder in [layer] + [i.layer for i in getattr(layer, "inner", [])]:
+                bn = getattr(holder, "bn", None)
+                if bn is None:
+                    continue
                 bn.scales.value[...] = rng.uniform(0.5, 1.5, bn.scales.value.shape)
                 bn.rolling_variance[...] = rng.uniform(0.5, 2.0, bn.rolling_variance.shape)
                 bn.rolling_mean[...] = rng.uniform(-0.1, 0.1, bn.rolling_mean.shape)
@@ -181,7 +186,7 @@ def noise(case: Case) -> tuple[float, float | None]:
     net = case.net
     with warnings.catch_warnings(), oracle._no_random_init():
         warnings.simplefilter("ignore")
-        net64 = load_network(parse_cfg(net.doc.text(), str(net.file)), batch=1, dtype=np.float64)
+        net64 = load_network(parse_cfg(net.doc.text(), str(net.file)), batch=net.batch, dtype=np.float64)
     for a, b in zip(net64.layers, net.layers):
         for dst, src in zip(a.weight_arrays(), b.weight_arrays()):
             dst[...] = src

@@ -84,15 +84,14 @@ def test_reason_for_not_exporting_still_holds(name):
 
 # -- small networks for what the shared cfgs do not cover ------------------------------------------------
 
-def _net(text: str, seed: int = 0, batch: int = 1):
+def _net(text: str, seed: int = 0):
+    """The network of `text` (batch 1, or time_steps rows), random parameters, forward done."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        net = load_network(parse_cfg(text, "t.cfg"), batch=batch)
+        net = load_network(parse_cfg(text, "t.cfg"))
     rng = np.random.default_rng(seed)
-    x = rng.uniform(-1, 1, (batch, *net.input_shape)).astype(np.float32)
-    ec.randomize(net, x[:1] if batch == 1 else x[:1], seed)
-    if batch != 1:
-        net.set_batch(batch)
+    x = rng.uniform(-1, 1, (net.batch, *net.input_shape)).astype(np.float32)
+    ec.randomize(net, x, seed)
     net.forward(x)
     return net, x
 
@@ -182,6 +181,12 @@ SMALL = {
     "activation=linear\n[yolo]\nmask=2,1\nanchors=3,4,10,12,20,9\nclasses=3\nnum=3\nscale_x_y=1.05\n",
     "region_softmax": NET.format(w=32, h=32, c=3) + "[convolutional]\nfilters=16\nsize=3\nstride=8\npad=1\n"
     "activation=linear\n[region]\nanchors=1,2,3,1\nclasses=3\nnum=2\nsoftmax=1\n",
+    "rnn_shortcut_bn": "[net]\ninputs=5\ntime_steps=3\n[rnn]\noutput=6\nhidden=4\nbatch_normalize=1\n"
+    "shortcut=1\nactivation=leaky\nlogistic=2\n[connected]\noutput=3\nactivation=linear\n[softmax]\n",
+    "gru_lstm": "[net]\ninputs=4\ntime_steps=4\n[gru]\noutput=5\ntanh=1\n[gru]\noutput=3\n"
+    "batch_normalize=1\n[lstm]\noutput=4\nbatch_normalize=1\n[lstm]\noutput=2\n",
+    "crnn_image": NET.format(w=5, h=4, c=2) + "time_steps=3\n[crnn]\noutput_filters=3\nhidden_filters=4\n"
+    "activation=leaky\nbatch_normalize=1\n[crnn]\noutput=2\nhidden=3\nsize=3\npad=1\nshortcut=1\n",
     "detection_sqrt_softmax": NET.format(w=16, h=16, c=3) + "[connected]\noutput=52\nactivation=linear\n"
     "[detection]\nclasses=3\ncoords=4\nnum=2\nside=2\nsoftmax=1\nsqrt=1\n",
 }
@@ -207,9 +212,11 @@ def test_no_fold_keeps_batch_normalization_and_agrees():
 def test_unexportable_section_is_refused_with_one_located_line():
     text = "[net]\ninputs=4\n[rnn]\noutput=3\n"
     net, _ = _net(text)
+    net.layers[0].carry_state = True
     with pytest.raises(ExportError) as ei:
         export_onnx(net)
-    assert str(ei.value) == "t.cfg:3 [section #0 rnn]: recurrent layers ([rnn]) are not exported to ONNX by darkpy yet"
+    assert str(ei.value) == ("t.cfg:3 [section #0 rnn]: carry_state (a state kept between passes) cannot "
+                             "be exported")
     with pytest.raises(ExportError, match="--heads boxes needs"):
         export_onnx(_net(NET.format(w=4, h=4, c=1) + CONV.format(f=2))[0], heads="boxes")
     with pytest.raises(ExportError, match="opset"):
@@ -370,12 +377,14 @@ def test_cli_export_refusal_is_one_line(tmp_path):
     from click.testing import CliRunner
     from darkpy.cli import main
     cfg = tmp_path / "r.cfg"
-    cfg.write_text("[net]\ninputs=4\n[rnn]\noutput=3\n")
+    cfg.write_text("[net]\nwidth=6\nheight=6\nchannels=2\n[local_avgpool]\nsize=2\nstride=2\npadding=5\n")
     net = load_network(cfg)
     net.save_weights(tmp_path / "r.weights")
     r = CliRunner().invoke(main, ["export", str(cfg), str(tmp_path / "r.weights"), str(tmp_path / "r.onnx")])
     assert r.exit_code == 1
-    assert r.output.strip().splitlines()[-1].endswith("recurrent layers ([rnn]) are not exported to ONNX by darkpy yet")
+    assert r.output.strip().splitlines() == [
+        f"error: {cfg}:8 [section #0 local_avgpool] padding: padding=5 with size=2: windows over padding only "
+        "cannot be exported"]
 
 
 def test_import_darkpy_does_not_import_onnx():

@@ -33,11 +33,12 @@ def cfg_sha256(net) -> str:
     return hashlib.sha256(net.doc.text().encode()).hexdigest()
 
 
-def export_onnx(net, path=None, *, batch: int = 1, dynamic_batch: bool = False, opset: int | None = None,
+def export_onnx(net, path=None, *, batch: int | None = None, dynamic_batch: bool = False, opset: int | None = None,
                 heads: str = "raw", nms: bool = False, fp16: bool = False, fold: bool = True,
                 names=None, letterbox: bool | None = None):
     """Export `net` (a darkpy Network at its current input size) to ONNX; write it to `path` when
-    given. Returns the onnx.ModelProto. See the module docstring for `heads` and `nms`."""
+    given. Returns the onnx.ModelProto. See the module docstring for `heads` and `nms`. `batch`:
+    the fixed batch (default the net's), unless `dynamic_batch`."""
     import numpy as np
     import onnx
     from onnx import TensorProto
@@ -53,8 +54,12 @@ def export_onnx(net, path=None, *, batch: int = 1, dynamic_batch: bool = False, 
         raise ExportError(f"--opset {opset}: darkpy's graphs need opset {MIN_OPSET}..{newest}")
     if heads not in ("raw", "boxes"):
         raise ExportError(f"--heads {heads!r}: expected raw or boxes")
+    batch = net.batch if batch is None else batch
     if batch < 1:
         raise ExportError(f"--batch {batch}: must be >= 1")
+    steps = max([getattr(layer, "steps", 1) for layer in net.layers] + [1])
+    if not dynamic_batch and batch % steps:
+        raise ExportError(f"--batch {batch}: a recurrent network needs a multiple of time_steps={steps} rows")
     if nms:
         heads = "boxes"
     head_layers = [layer for layer in net.layers if getattr(layer, "is_detection_head", False)]

@@ -48,9 +48,18 @@ class Ctx:
     fold: bool = True
     input: tuple = ("input", ())
     tensors: list = field(default_factory=list)      # (name, shape) per layer index
+    feed: tuple | None = None      # (name, shape): the input of an inner layer (recurrent layers)
 
     def prev(self, layer) -> tuple[str, tuple]:
+        if self.feed is not None:
+            return self.feed
         return self.tensors[layer.index - 1] if layer.index > 0 else self.input
+
+    def inner(self, layer, t: tuple[str, tuple]) -> str:
+        """Run the converter of `layer` (an inner layer of a recurrent one) on tensor t."""
+        sub = Ctx(self.g, self.net, self.fold, self.input, self.tensors, feed=t)
+        name, shape = CONVERTERS[layer.kind](sub, layer)
+        return name
 
     def src(self, i: int) -> tuple[str, tuple]:
         return self.tensors[i]
@@ -69,7 +78,7 @@ class Ctx:
 
 
 def _load_converters() -> None:
-    from . import heads, ops_conv, ops_misc  # noqa: F401  (register their converters)
+    from . import heads, ops_conv, ops_misc, ops_recurrent  # noqa: F401  (register their converters)
 
 
 def convert_layers(ctx: Ctx) -> None:

@@ -272,9 +272,3 @@ def scale_channels(ctx: Ctx, layer):
     scale = ctx.x(layer, (1, h, w) if layer.scale_wh else (c, 1, 1))
     y = g.mul(scale, frm, f"l{layer.index}_scale_channels")
     return activation(g, y, layer.activation, layer), layer.out_shape
-
-
-@converts("rnn", "gru", "lstm", "crnn")
-def recurrent(ctx: Ctx, layer):
-    raise refuse(layer, f"recurrent layers ([{layer.kind}]) are not exported to ONNX by darkpy yet")
-
