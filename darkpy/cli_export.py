@@ -53,7 +53,8 @@ def with_engine(net, cfg, weights, engine: str):
 @click.option("--nms", is_flag=True, help="Append NonMaxSuppression (implies --heads boxes).")
 @click.option("--fp16", is_flag=True, help="Compute in float16 (inputs and outputs stay float32).")
 @click.option("--no-fold", is_flag=True, help="Keep BatchNormalization nodes instead of folding them.")
-@click.option("--data", "data", type=click.Path(dir_okay=False), help="The .data file (class names metadata).")
+@click.option("--data", "data", type=click.Path(dir_okay=False),
+              help="The .data file, or a .names file, for the class names in the metadata.")
 @click.option("--no-letterbox", is_flag=True, help="Record that images are stretched, not letterboxed.")
 def export_command(cfg, weights, out, width, height, batch, dynamic_batch, opset, heads, nms, fp16, no_fold,
                    data, no_letterbox):
@@ -77,8 +78,12 @@ def export_command(cfg, weights, out, width, height, batch, dynamic_batch, opset
     if data is not None:
         if not os.path.isfile(data):
             raise DataError(f"{data}: no such .data file")
-        from .train import load_data_config
-        names = load_data_config(data).names or None
+        if data.endswith(".names"):
+            from .datasets import read_names
+            names = read_names(data)
+        else:
+            from .train import class_names, load_data_config
+            names = class_names(load_data_config(data))
     export_onnx(net, out, batch=batch, dynamic_batch=dynamic_batch, opset=opset, heads=heads, nms=nms,
                 fp16=fp16, fold=not no_fold, names=names, letterbox=False if no_letterbox else None)
     click.echo(f"{out}: {net.file} exported ({'nms' if nms else heads} heads, input "

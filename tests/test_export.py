@@ -393,3 +393,53 @@ def test_import_darkpy_does_not_import_onnx():
     code = "import sys, darkpy; assert 'onnx' not in sys.modules and 'onnxruntime' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""})
 
+
+
+def test_readme_script_runs_without_darkpy_and_finds_darkpys_detections(tmp_path):
+    """The README's plain-onnxruntime script, on a --nms export of cfg/shapes-tiny.cfg (random,
+    well-scaled weights) and a generated 128x128 shapes image: the same classes and pixel boxes as
+    darkpy's detection (thresh 0.25, NMS 0.45)."""
+    import importlib.util
+    import re
+    import subprocess
+    import sys
+    from click.testing import CliRunner
+    from darkpy import detect, images as im
+    from darkpy.cli import main
+    text = (ROOT / "README.md").read_text()
+    script = re.search(r"<!-- onnx-script -->\n```python\n(.*?)```", text, re.S)[1]
+    assert len(script.strip().splitlines()) <= 15 and "darkpy" not in script.replace("`darkpy export", "")
+    (tmp_path / "detect_onnx.py").write_text(script)
+    spec = importlib.util.spec_from_file_location("gen", ROOT / "data" / "shapes" / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    gen.generate(tmp_path / "shapes", n=2, size=128, seed=2)
+    net = load_network(ROOT / "cfg" / "shapes-tiny.cfg", batch=1)
+    rng = np.random.default_rng(4)
+    ec.randomize(net, rng.random((1, *net.input_shape), dtype=np.float32))
+    images = sorted((tmp_path / "shapes").rglob("*.jpg"))
+    first = im.load_image(images[0], 3)
+    # random weights find objects everywhere: lower every objectness bias until a handful remain
+    for _ in range(40):
+        if len(detect.detect_image(net, first, 0.25, 0.45)) <= 12:
+            break
+        for head in ec.heads(net):
+            conv = net.layers[head.index - 1]
+            conv.biases.value.reshape(head.n, -1)[:, 4] -= 0.25
+    net.save_weights(tmp_path / "s.weights")
+    model = tmp_path / "s.onnx"
+    r = CliRunner().invoke(main, ["export", str(ROOT / "cfg" / "shapes-tiny.cfg"), str(tmp_path / "s.weights"),
+                                  str(model), "--nms", "--data", str(ROOT / "data" / "shapes.names")])
+    assert r.exit_code == 0, r.output
+    names = (ROOT / "data" / "shapes.names").read_text().split()
+    total = 0
+    for img_path in images:
+        out = subprocess.run([sys.executable, "detect_onnx.py", str(model), str(img_path)], cwd=tmp_path,
+                             capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin"})
+        got = sorted((f[0], *map(int, f[2:])) for f in (line.split() for line in out.stdout.splitlines()))
+        img = im.load_image(img_path, 3)
+        dets = detect.detect_image(net, img, 0.25, 0.45)
+        want = sorted((names[c], *d.corners(128, 128)) for d in dets for c, _ in d.classes_above(0.25))
+        assert got == want, img_path
+        total += len(want)
+    assert total
