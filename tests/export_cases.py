@@ -63,14 +63,15 @@ def build(name: str, width: int | None = None, height: int | None = None):
         doc = parse_cfg(oracle.darknet_text(path), str(path))
     except DarkpyError as e:
         raise NotExported(f"darkpy cannot build it: {e}") from None
-    # one sequence of time_steps rows (recurrent nets), one image otherwise
-    steps = doc.net.get_int("time_steps", 1) if doc.net.has("time_steps") else 1
-    for key, value in (("batch", str(max(steps, 1))), ("subdivisions", "1")):
+    for key, value in (("batch", "1"), ("subdivisions", "1")):
         doc.set(f"net.{key}", value)
     if width:
         doc.set("net.width", str(width))
         doc.set("net.height", str(height or width))
-    return oracle._build(doc.text(), str(path))
+    from darkpy.network import load_network
+    with warnings.catch_warnings(), oracle._no_random_init():
+        warnings.simplefilter("ignore")     # one sequence: time_steps rows (1 for other nets)
+        return load_network(parse_cfg(doc.text(), str(path)))
 
 
 def prepare(name: str) -> Case:

@@ -5,6 +5,8 @@ converters never think about it. Integer constants (shapes, axes, indices) are i
 """
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -37,19 +39,19 @@ class Graph:
 
     # -- constants ---------------------------------------------------------------------------------
     def weight(self, arr, base: str) -> str:
-        """A float initializer (a layer's parameters), cast to the compute dtype."""
-        name = self.name(base)
-        a = np.asarray(arr, np.float64).astype(self.dtype)
-        self.initializers.append(numpy_helper.from_array(a, name))
-        return name
+        """A float initializer (a layer's parameters), cast to the compute dtype. Equal arrays are
+        stored once (a recurrent layer's weights are used at every step)."""
+        a = np.ascontiguousarray(np.asarray(arr, np.float64).astype(self.dtype))
+        key = ("w", a.shape, hashlib.sha1(a.tobytes()).digest())
+        if key not in self._consts:
+            name = self.name(base)
+            self.initializers.append(numpy_helper.from_array(a, name))
+            self._consts[key] = name
+        return self._consts[key]
 
     def const(self, value, base: str = "c") -> str:
         """A small float constant (scalar or array), shared when the same value is asked twice."""
-        a = np.asarray(value, np.float64).astype(self.dtype)
-        key = ("f", a.shape, a.tobytes())
-        if key not in self._consts:
-            self._consts[key] = self.weight(a, base)
-        return self._consts[key]
+        return self.weight(value, base)
 
     def ints(self, values, base: str = "i") -> str:
         """An int64 constant (shapes, axes, starts/ends, indices)."""
