@@ -37,6 +37,8 @@ NOISE_FACTOR = 10.0
 KEEP_OWN_SIZE_UP_TO = 128
 SIZES = (64, 96, 128)
 MAX_BFLOPS = 3.0
+#: Recurrent nets are unrolled step by step: longer sequences are checked at this many steps.
+MAX_STEPS = 8
 
 
 class NotExported(Exception):
@@ -65,6 +67,8 @@ def build(name: str, width: int | None = None, height: int | None = None):
         raise NotExported(f"darkpy cannot build it: {e}") from None
     for key, value in (("batch", "1"), ("subdivisions", "1")):
         doc.set(f"net.{key}", value)
+    if int(doc.get("net.time_steps") or 1) > MAX_STEPS:
+        doc.set("net.time_steps", str(MAX_STEPS))
     if width:
         doc.set("net.width", str(width))
         doc.set("net.height", str(height or width))
@@ -218,8 +222,9 @@ def classify(name: str) -> dict:
     except (NotExported, DarkpyError) as e:
         row.update(status="not built", reason=str(e))
         return row
-    row.update(size=f"{case.size[0]}x{case.size[1]}" if case.size[0] else f"{case.net.input_shape[0]} (flat)",
-               bflops=f"{case.bflops:.3f}")
+    steps = case.net.config.time_steps
+    row.update(size=(f"{case.size[0]}x{case.size[1]}" if case.size[0] else f"{case.net.input_shape[0]} (flat)")
+               + (f" x{steps} steps" if steps > 1 else ""), bflops=f"{case.bflops:.3f}")
     try:
         raw, boxes = compare(case)
     except ExportError as e:
@@ -235,6 +240,15 @@ def classify(name: str) -> dict:
                          f"darkpy float32 vs float64)")
     row["status"] = "exported" if ok else "mismatch"
     return row
+
+
+def network_key(name: str) -> tuple:
+    """Equal keys: the same network here (a fork's copy of an upstream cfg, or cfgs differing only
+    in training keys), so the tests run one of them."""
+    from darkpy.cfg import parse_cfg
+    doc = parse_cfg(oracle.darknet_text(oracle.SHARED / "cfg" / name), name)
+    steps = min(int(doc.net.as_dict().get("time_steps", 1)), MAX_STEPS)
+    return oracle.network_key(name), steps
 
 
 def read_table(path: Path = TABLE) -> list[dict]:

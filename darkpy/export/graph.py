@@ -38,20 +38,28 @@ class Graph:
         return base if n == 0 else f"{base}_{n}"
 
     # -- constants ---------------------------------------------------------------------------------
-    def weight(self, arr, base: str) -> str:
-        """A float initializer (a layer's parameters), cast to the compute dtype. Equal arrays are
-        stored once (a recurrent layer's weights are used at every step)."""
-        a = np.ascontiguousarray(np.asarray(arr, np.float64).astype(self.dtype))
-        key = ("w", a.shape, hashlib.sha1(a.tobytes()).digest())
-        if key not in self._consts:
+    def weight(self, arr, base: str, share: bool = False) -> str:
+        """A float initializer (a layer's parameters), cast to the compute dtype. With `share`
+        (small constants), an equal array asked for again is the same initializer."""
+        a = np.ascontiguousarray(np.asarray(arr).astype(self.dtype, copy=False))
+        key = ("w", a.shape, hashlib.sha1(a.tobytes()).digest()) if share else None
+        if key is None or key not in self._consts:
             name = self.name(base)
             self.initializers.append(numpy_helper.from_array(a, name))
+            if key is None:
+                return name
             self._consts[key] = name
+        return self._consts[key]
+
+    def cached(self, key, make):
+        """make() once per key (a layer's initializers, reused by every step of a recurrent layer)."""
+        if key not in self._consts:
+            self._consts[key] = make()
         return self._consts[key]
 
     def const(self, value, base: str = "c") -> str:
         """A small float constant (scalar or array), shared when the same value is asked twice."""
-        return self.weight(value, base)
+        return self.weight(np.asarray(value, np.float64), base, share=True)
 
     def ints(self, values, base: str = "i") -> str:
         """An int64 constant (shapes, axes, starts/ends, indices)."""

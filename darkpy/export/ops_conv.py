@@ -110,23 +110,27 @@ def folded(layer) -> tuple[np.ndarray, np.ndarray]:
 def _bn_node(ctx: Ctx, layer, y: str) -> str:
     """An explicit BatchNormalization node (`--no-fold`) on y (B, C, ...)."""
     g = ctx.g
-    gamma, mean, var, beta = _bn_arrays(layer)
     p = f"l{layer.index}_bn"
-    return g.op("BatchNormalization", [y, g.weight(gamma, p + "_scale"), g.weight(beta, p + "_bias"),
-                                       g.weight(mean, p + "_mean"), g.weight(var, p + "_var")],
-                f"l{layer.index}_bn", epsilon=BN_EPS)
+    arrays = g.cached(("bn", id(layer)), lambda: [g.weight(a, p + s) for a, s in zip(
+        _bn_arrays(layer), ("_scale", "_mean", "_var", "_bias"))])
+    scale, mean, var, bias = arrays
+    return g.op("BatchNormalization", [y, scale, bias, mean, var], f"l{layer.index}_bn", epsilon=BN_EPS)
 
 
 def _weights_and_bias(ctx: Ctx, layer, w: np.ndarray, out_axis: int):
     """(weights, bias) initializers with BN folded in when ctx.fold; with `--no-fold` the raw
-    weights and no bias (the BN node adds β). `out_axis`: the weights' output-channel axis."""
-    w = np.asarray(w, np.float64)
-    if layer.bn is not None and not ctx.fold:
-        return ctx.g.weight(w, f"l{layer.index}_w"), None
-    k, b = folded(layer)
-    shape = [1] * w.ndim
-    shape[out_axis] = -1
-    return ctx.g.weight(w * k.reshape(shape), f"l{layer.index}_w"), ctx.g.weight(b, f"l{layer.index}_b")
+    weights and no bias (the BN node adds β). `out_axis`: the weights' output-channel axis.
+    Made once per layer (recurrent layers use theirs at every step)."""
+    def make():
+        if layer.bn is not None and not ctx.fold:
+            return ctx.g.weight(w, f"l{layer.index}_w"), None
+        k, b = folded(layer)
+        shape = [1] * w.ndim
+        shape[out_axis] = -1
+        # the product in float32 (one rounding more than float64, ~6e-8 relative): big nets export fast
+        wk = w * k.astype(w.dtype).reshape(shape) if layer.bn is not None else w
+        return ctx.g.weight(wk, f"l{layer.index}_w"), ctx.g.weight(b, f"l{layer.index}_b")
+    return ctx.g.cached(("layer", id(layer), ctx.fold), make)
 
 
 def _finish(ctx: Ctx, layer, y: str, has_bias: bool) -> str:
