@@ -452,3 +452,25 @@ def test_readme_script_runs_without_darkpy_and_finds_darkpys_detections(tmp_path
         assert got == want, img_path
         total += len(want)
     assert total
+
+
+def test_predict_with_the_onnxruntime_engine_matches_darkpy(tmp_path):
+    """`darkpy predict --engine onnxruntime` on the bundled digits classifier (random weights)."""
+    from click.testing import CliRunner
+    from darkpy.cli import main
+    cfg = ROOT / "cfg" / "digits.cfg"
+    net = load_network(cfg, batch=1)
+    ec.randomize(net, np.random.default_rng(0).random((1, *net.input_shape), dtype=np.float32))
+    weights = tmp_path / "digits.weights"
+    net.save_weights(weights)
+    images = [str(p) for p in sorted((ROOT / "data" / "digits" / "test").glob("*.png"))[:3]]
+    runs = []
+    for engine in ("darkpy", "onnxruntime"):
+        r = CliRunner().invoke(main, ["predict", str(cfg), str(weights), *images, "--json", "--engine", engine])
+        assert r.exit_code == 0, r.output
+        runs.append(json.loads(r.output[r.output.index("["):]))
+    assert len(runs[0]) == 3
+    for a, b in zip(*runs):
+        assert [t["index"] for t in a["predictions"]] == [t["index"] for t in b["predictions"]]
+        assert np.allclose([t["probability"] for t in a["predictions"]],
+                           [t["probability"] for t in b["predictions"]], atol=1e-5)
