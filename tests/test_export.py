@@ -33,7 +33,8 @@ OTHER = [n for n, r in ROWS.items() if r["status"] != "exported"]
 #: one of each family of shared networks, run by default (the rest under `slow`)
 FAST = ["pjreddie/yolov3-tiny.cfg", "pjreddie/yolov2-tiny.cfg", "alexeyab/yolov4-tiny-custom.cfg",
         "pjreddie/yolov1-tiny.cfg", "pjreddie/cifar.test.cfg", "pjreddie/go.cfg", "pjreddie/resnet18.cfg",
-        "alexeyab/yolov4-tiny_contrastive.cfg", "alexeyab/yolov4-csp-s-mish.cfg", "pjreddie/tiny.cfg"]
+        "alexeyab/yolov3-tiny_occlusion_track.cfg", "alexeyab/yolov4-csp-s-mish.cfg", "pjreddie/tiny.cfg",
+        "pjreddie/rnn.cfg", "pjreddie/gru.cfg"]
 
 
 def _params():
