@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import oracle  # noqa: E402  (tests/oracle.py: cfg text, size reduction, random parameters)
+import oracle
 
 ROOT = oracle.ROOT
 TABLE = ROOT / "tests" / "data" / "onnx_export.tsv"
@@ -79,8 +79,8 @@ def build(name: str, width: int | None = None, height: int | None = None):
 
 
 def prepare(name: str) -> Case:
-    from darkpy.errors import DarkpyError
     from darkpy.cfg import parse_cfg
+    from darkpy.errors import DarkpyError
     path = oracle.SHARED / "cfg" / name
     doc = parse_cfg(oracle.darknet_text(path), str(path))
     w, h = int(doc.get("net.width") or 0), int(doc.get("net.height") or 0)
@@ -165,6 +165,7 @@ def session(model):
 def compare(case: Case, check: bool = True) -> tuple[float, float | None]:
     """(raw error, boxes error or None) of the export of case.net against darkpy's outputs."""
     import onnx
+
     from darkpy.export import export_onnx
     net = case.net
     m = export_onnx(net, heads="raw")

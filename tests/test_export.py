@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,12 +21,13 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-import export_cases as ec  # noqa: E402  (tests/export_cases.py)
-from conftest import ROOT, shared_path  # noqa: E402
-from darkpy.cfg import parse_cfg  # noqa: E402
-from darkpy.export import ExportError, export_onnx  # noqa: E402
-from darkpy.kernels.activations import NAMES as ACTIVATIONS  # noqa: E402
-from darkpy.network import load_network  # noqa: E402
+import export_cases as ec
+from conftest import ROOT, shared_path
+
+from darkpy.cfg import parse_cfg
+from darkpy.export import ExportError, export_onnx
+from darkpy.kernels.activations import NAMES as ACTIVATIONS
+from darkpy.network import load_network
 
 ROWS = {r["cfg"]: r for r in ec.read_table()} if ec.TABLE.exists() else {}
 EXPORTED = [n for n, r in ROWS.items() if r["status"] == "exported"]
@@ -213,7 +215,7 @@ def test_small_network_equals_darkpy(name):
 
 def test_no_fold_keeps_batch_normalization_and_agrees():
     text = SMALL["conv_groups_dilation_strides_bn"]
-    net, x, _ = _assert_equal_to_darkpy(text, fold=False)
+    net, _, _ = _assert_equal_to_darkpy(text, fold=False)
     ops = {n.op_type for n in export_onnx(net, fold=False).graph.node}
     assert "BatchNormalization" in ops
     assert "BatchNormalization" not in {n.op_type for n in export_onnx(net).graph.node}
@@ -280,7 +282,7 @@ def test_metadata(tmp_path):
     assert (meta["input_width"], meta["input_height"]) == ("64", "64")
     assert json.loads(meta["class_names"]) == ["a", "b"]
     import hashlib
-    assert meta["cfg_sha256"] == hashlib.sha256(open(net.file, "rb").read()).hexdigest()
+    assert meta["cfg_sha256"] == hashlib.sha256(Path(net.file).read_bytes()).hexdigest()
     assert m.opset_import[0].version == 17
 
 
@@ -330,6 +332,7 @@ def test_nms_export_gives_darkpy_detect_boxes_on_dog(letterbox):
 def test_nms_export_on_bundled_shapes_tiny(tmp_path):
     """cfg/shapes-tiny.cfg (random, well-scaled weights) on generated shapes images."""
     import importlib.util
+
     from darkpy import images as im
     spec = importlib.util.spec_from_file_location("shapes_generate", ROOT / "data" / "shapes" / "generate.py")
     gen = importlib.util.module_from_spec(spec)
@@ -361,6 +364,7 @@ def _tiny_files(tmp_path):
 
 def test_cli_export_and_engine(tmp_path):
     from click.testing import CliRunner
+
     from darkpy.cli import main
     cfg, weights = _tiny_files(tmp_path)
     out = tmp_path / "tiny.onnx"
@@ -385,6 +389,7 @@ def test_cli_export_and_engine(tmp_path):
 
 def test_cli_export_refusal_is_one_line(tmp_path):
     from click.testing import CliRunner
+
     from darkpy.cli import main
     cfg = tmp_path / "r.cfg"
     cfg.write_text("[net]\nwidth=6\nheight=6\nchannels=2\n[local_avgpool]\nsize=2\nstride=2\npadding=5\n")
@@ -393,8 +398,8 @@ def test_cli_export_refusal_is_one_line(tmp_path):
     r = CliRunner().invoke(main, ["export", str(cfg), str(tmp_path / "r.weights"), str(tmp_path / "r.onnx")])
     assert r.exit_code == 1
     assert r.output.strip().splitlines() == [
-        f"error: {cfg}:8 [section #0 local_avgpool] padding: padding=5 with size=2: windows over padding only "
-        "cannot be exported"]
+        (f"error: {cfg}:8 [section #0 local_avgpool] padding: padding=5 with size=2: windows over padding "
+         "only cannot be exported")]
 
 
 def test_import_darkpy_does_not_import_onnx():
@@ -413,9 +418,11 @@ def test_readme_script_runs_without_darkpy_and_finds_darkpys_detections(tmp_path
     import re
     import subprocess
     import sys
-    from darkpy import detect, images as im
+
+    from darkpy import detect
+    from darkpy import images as im
     text = (ROOT / "README.md").read_text()
-    script = re.search(r"<!-- onnx-script -->\n```python\n(.*?)```", text, re.S)[1]
+    script = re.search(r"<!-- onnx-script -->\n```python\n(.*?)```", text, re.DOTALL)[1]
     assert len(script.strip().splitlines()) <= 15 and "darkpy" not in script.replace("`darkpy export", "")
     (tmp_path / "detect_onnx.py").write_text(script)
     spec = importlib.util.spec_from_file_location("gen", ROOT / "data" / "shapes" / "generate.py")
@@ -439,7 +446,7 @@ def test_readme_script_runs_without_darkpy_and_finds_darkpys_detections(tmp_path
     import os
     r = subprocess.run([sys.executable, "-m", "darkpy", "export", str(ROOT / "cfg" / "shapes-tiny.cfg"),
                         str(tmp_path / "s.weights"), str(model), "--nms", "--data",
-                        str(ROOT / "data" / "shapes.names")], capture_output=True, text=True, cwd=ROOT,
+                        str(ROOT / "data" / "shapes.names")], capture_output=True, text=True, cwd=ROOT, check=False,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0 and "exported" in r.stdout, r.stderr
     names = (ROOT / "data" / "shapes.names").read_text().split()
@@ -459,6 +466,7 @@ def test_readme_script_runs_without_darkpy_and_finds_darkpys_detections(tmp_path
 def test_predict_with_the_onnxruntime_engine_matches_darkpy(tmp_path):
     """`darkpy predict --engine onnxruntime` on the bundled digits classifier (random weights)."""
     from click.testing import CliRunner
+
     from darkpy.cli import main
     cfg = ROOT / "cfg" / "digits.cfg"
     net = load_network(cfg, batch=1)

@@ -8,8 +8,8 @@ whose options a converter cannot express exactly, is refused with an `ExportErro
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -58,8 +58,7 @@ class Ctx:
     def inner(self, layer, t: tuple[str, tuple]) -> str:
         """Run the converter of `layer` (an inner layer of a recurrent one) on tensor t."""
         sub = Ctx(self.g, self.net, self.fold, self.input, self.tensors, feed=t)
-        name, shape = CONVERTERS[layer.kind](sub, layer)
-        return name
+        return CONVERTERS[layer.kind](sub, layer)[0]
 
     def src(self, i: int) -> tuple[str, tuple]:
         return self.tensors[i]

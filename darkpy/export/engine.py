@@ -46,7 +46,7 @@ class OnnxEngine:
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     @classmethod
-    def for_network(cls, net, cfg, weights, threads: int | None = None) -> "OnnxEngine":
+    def for_network(cls, net, cfg, weights, threads: int | None = None) -> OnnxEngine:
         """Export `net` (loaded from cfg + weights) unless the cached file exists, and open it."""
         from . import export_onnx
         path = cache_path(net, cfg, weights)

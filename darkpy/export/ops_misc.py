@@ -28,7 +28,7 @@ def maxpool(ctx: Ctx, layer):
     g = ctx.g
     x = ctx.x(layer)
     pads = _window_pads(layer)
-    attrs = dict(kernel_shape=[layer.size, layer.size], strides=[layer.stride_y, layer.stride_x])
+    attrs = {"kernel_shape": [layer.size, layer.size], "strides": [layer.stride_y, layer.stride_x]}
     if max(pads) >= layer.size:
         # ONNX wants pads < kernel: pad explicitly with Darknet's -FLT_MAX (a window over padding
         # only then outputs -FLT_MAX, as Darknet does)
@@ -168,7 +168,7 @@ def reorg(ctx: Ctx, layer):
 def crop(ctx: Ctx, layer):
     """Inference: the centre window, never flipped; x*2 - 1 unless noadjust."""
     g = ctx.g
-    c, h, w = layer.in_shape
+    _, h, w = layer.in_shape
     _, ch, cw = layer.out_shape
     dh, dw = (h - ch) // 2, (w - cw) // 2
     y = g.slice(ctx.x(layer), [dh, dw], [dh + ch, dw + cw], [2, 3])
