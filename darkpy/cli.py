@@ -130,12 +130,13 @@ def train(cfg, data, weights, clear, seed, max_batches, backup, threads, progres
 @click.option("--data", "data", type=click.Path(dir_okay=False), help="The .data file (default: by convention).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--threads", type=click.IntRange(min=0), help="numba/BLAS threads (0 = all cores).")
-def valid(cfg, weights, data, as_json, threads):
+@engine_option
+def valid(cfg, weights, data, as_json, threads, engine):
     """Top-1 and top-k accuracy of WEIGHTS on the `valid` list, and the confusion matrix."""
     from .train import configure_threads, validate
 
     configure_threads(_settings(threads=threads).threads)
-    r = validate(cfg, weights, data=data)
+    r = validate(cfg, weights, data=data, engine=engine)
     if as_json:
         click.echo(json.dumps({"top1": r.top1, "topk": r.topk, "k": r.k, "images": r.n, "list": r.list_file,
                                "names": r.names, "confusion": r.confusion.tolist()}))

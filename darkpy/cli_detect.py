@@ -10,7 +10,8 @@ import os
 
 import click
 
-from .cli_export import engine_option, with_engine
+from .cli_export import engine_option
+from .export.engine import with_engine
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 

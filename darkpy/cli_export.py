@@ -1,5 +1,5 @@
 """`darkpy export`: a network to ONNX; `cli.py` adds it with `register(main)`. Also the shared
-`--engine` option of predict/detect/map and the helper that applies it.
+`--engine` option of predict/valid/detect/map (export/engine.py's `with_engine` applies it).
 
 The command parses arguments and calls `darkpy.export.export_onnx`; errors are `DarkpyError`s, which
 the group turns into one line and exit status 1.
@@ -24,18 +24,6 @@ def engine_option(fn):
     return click.option("--engine", type=click.Choice(ENGINES), default="darkpy", show_default=True,
                         help="Inference engine: darkpy's own kernels, or the network exported to ONNX "
                              "(cached beside the weights) run by ONNX Runtime.")(fn)
-
-
-def with_engine(net, cfg, weights, engine: str):
-    """`net` itself, or an OnnxEngine running it (`--engine onnxruntime`)."""
-    if engine != "onnxruntime":
-        return net
-    from .errors import DarkpyError
-    try:
-        from .export.engine import OnnxEngine
-    except ImportError as e:
-        raise DarkpyError(f"--engine onnxruntime needs onnx and onnxruntime: pip install 'darkpy[onnx]' ({e})")
-    return OnnxEngine.for_network(net, cfg, weights)
 
 
 @click.command("export", context_settings=CONTEXT)

@@ -484,3 +484,21 @@ def test_predict_with_the_onnxruntime_engine_matches_darkpy(tmp_path):
         assert [t["index"] for t in a["predictions"]] == [t["index"] for t in b["predictions"]]
         assert np.allclose([t["probability"] for t in a["predictions"]],
                            [t["probability"] for t in b["predictions"]], atol=1e-5)
+
+
+def test_valid_with_the_onnxruntime_engine_matches_darkpy(tmp_path):
+    from click.testing import CliRunner
+
+    from darkpy.cli import main
+    cfg = ROOT / "cfg" / "digits.cfg"
+    net = load_network(cfg, batch=1)
+    ec.randomize(net, np.random.default_rng(1).random((1, *net.input_shape), dtype=np.float32))
+    weights = tmp_path / "digits.weights"
+    net.save_weights(weights)
+    runs = []
+    for engine in ("darkpy", "onnxruntime"):
+        r = CliRunner().invoke(main, ["valid", str(cfg), str(weights), "--json", "--engine", engine],
+                               catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        runs.append(json.loads(r.output[r.output.index("{"):]))
+    assert runs[0]["images"] == 360 and runs[0] == runs[1]

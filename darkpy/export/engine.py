@@ -30,6 +30,19 @@ def cache_path(net, cfg, weights) -> str:
     return f"{stem}.{h.hexdigest()[:16]}.onnx"
 
 
+def with_engine(net, cfg, weights, engine: str = "darkpy"):
+    """`net` itself (engine "darkpy"), or an OnnxEngine running it ("onnxruntime")."""
+    if engine != "onnxruntime":
+        return net
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError as e:
+        from ..errors import DarkpyError
+        raise DarkpyError(f"--engine onnxruntime needs onnx and onnxruntime: pip install 'darkpy[onnx]' ({e})")
+    return OnnxEngine.for_network(net, cfg, weights)
+
+
 class OnnxEngine:
     """A darkpy Network whose forward runs in ONNX Runtime (CPU provider)."""
 
