@@ -6,7 +6,7 @@ inference forward exactly; a layer that cannot be expressed is refused with an `
 its section (never an approximate graph). Heads: `raw` gives one output per detection head (the
 tensor the [yolo]/[region]/[detection] layer outputs, its activations applied) or the network output
 for other networks; `boxes` gives `boxes` (B, N, 4: x1, y1, x2, y2 relative to the network input) and
-`scores` (B, N, classes: objectness x class probability); `nms` adds ONNX NonMaxSuppression with
+`scores` (B, N, classes: objectness x class probability), `raw+boxes` both; `nms` adds ONNX NonMaxSuppression with
 `iou_threshold`, `score_threshold` and `max_output_boxes_per_class` as graph inputs.
 
 This package imports onnx; `import darkpy` does not import it (darkpy.export_onnx is lazy).
@@ -52,7 +52,7 @@ def export_onnx(net, path=None, *, batch: int | None = None, dynamic_batch: bool
     newest = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= newest:
         raise ExportError(f"--opset {opset}: darkpy's graphs need opset {MIN_OPSET}..{newest}")
-    if heads not in ("raw", "boxes"):
+    if heads not in ("raw", "boxes", "raw+boxes"):
         raise ExportError(f"--heads {heads!r}: expected raw or boxes")
     batch = net.batch if batch is None else batch
     if batch < 1:
@@ -63,9 +63,9 @@ def export_onnx(net, path=None, *, batch: int | None = None, dynamic_batch: bool
     if nms:
         heads = "boxes"
     head_layers = [layer for layer in net.layers if getattr(layer, "is_detection_head", False)]
-    if heads == "boxes" and not head_layers:
+    if heads != "raw" and not head_layers:
         raise ExportError(f"{net.file}: --heads boxes needs a [yolo], [region] or [detection] layer")
-    if heads == "boxes" and len({layer.classes for layer in head_layers}) > 1:
+    if heads != "raw" and len({layer.classes for layer in head_layers}) > 1:
         raise ExportError(f"{net.file}: the detection heads disagree on the number of classes")
 
     g = Graph(np.float16 if fp16 else np.float32)
@@ -82,13 +82,13 @@ def export_onnx(net, path=None, *, batch: int | None = None, dynamic_batch: bool
         g.add_output(name, shape)
 
     layout = {}
-    if heads == "raw":
+    if heads in ("raw", "raw+boxes"):
         outs = head_layers or [net.output_layer]
         for layer in outs:
             name = f"{layer.kind}_{layer.index}" if head_layers else "output"
             output(name, ctx.tensors[layer.index][0], [b, *layer.out_shape])
             layout[name] = f"layer {layer.index} [{layer.kind}] output (batch, {', '.join(map(str, layer.out_shape))})"
-    else:
+    if heads in ("boxes", "raw+boxes"):
         boxes, scores = all_boxes(ctx, head_layers)
         classes = head_layers[-1].classes
         if fp16:
