@@ -1,7 +1,7 @@
 """ONNX export checked against darkpy on every shared cfg (issue #10, item 1).
 
 For one shared cfg: darkpy builds it at batch 1 (at a reduced input size when the cfg's is larger
-than KEEP_OWN_SIZE_UP_TO), every parameterised layer gets random but well-scaled values (the
+than KEEP_OWN_SIZE_UP_TO, a [crop] window scaled with it; 8 steps of a longer recurrent one), every parameterised layer gets random but well-scaled values (the
 oracle's recipe, tests/oracle.py, plus a plain one for local/deconv/batchnorm), darkpy runs a random
 input, and the export (`raw` heads, then `boxes`) must pass onnx.checker (full check), load in ONNX
 Runtime and give darkpy's outputs within TOLERANCE relative to each output's magnitude
@@ -70,8 +70,14 @@ def build(name: str, width: int | None = None, height: int | None = None):
     if int(doc.get("net.time_steps") or 1) > MAX_STEPS:
         doc.set("net.time_steps", str(MAX_STEPS))
     if width:
+        w0, h0 = int(doc.get("net.width") or width), int(doc.get("net.height") or height or width)
         doc.set("net.width", str(width))
         doc.set("net.height", str(height or width))
+        for sec in doc.layers:          # a [crop] window shrinks with the input
+            if sec.kind == "crop":
+                for key, old, new in (("crop_width", w0, width), ("crop_height", h0, height or width)):
+                    if sec.has(key):
+                        doc.set(f"{sec.index}.{key}", str(max(1, int(doc.get(f"{sec.index}.{key}")) * new // old)))
     from darkpy.network import load_network
     with warnings.catch_warnings(), oracle._no_random_init():
         warnings.simplefilter("ignore")     # one sequence: time_steps rows (1 for other nets)
