@@ -10,10 +10,11 @@ from .errors import CfgError, DarkpyError, DataError, StateError, TrainingError,
 
 __version__ = "0.1.0"
 __all__ = ["load_network", "Network", "DarkpyError", "CfgError", "WeightsError", "DataError",
-           "StateError", "TrainingError", "__version__"]
+           "StateError", "TrainingError", "__version__", "export_onnx"]
 
-#: Public names loaded on first access: name -> module that defines it.
-_LAZY = {"Network": ".network", "load_network": ".network"}
+#: Public names loaded on first access: name -> module that defines it (so `import darkpy` loads
+#: neither numpy nor onnx).
+_LAZY = {"Network": ".network", "load_network": ".network", "export_onnx": ".export"}
 
 
 def __getattr__(name: str):

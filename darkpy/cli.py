@@ -16,6 +16,7 @@ import click
 
 from . import __version__
 from .errors import DarkpyError
+from .cli_export import engine_option
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 #: `cfg get/set` take negative layer indices (`-1.filters`): not options.
@@ -158,7 +159,8 @@ def train(ctx, cfg, data, weights, clear, upto, seed, max_batches, backup, threa
 @click.option("--data", "data", type=click.Path(dir_okay=False), help="The .data file (default: by convention).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--threads", type=click.IntRange(min=0), help="numba/BLAS threads (0 = all cores).")
-def valid(cfg, weights, data, as_json, threads):
+@engine_option
+def valid(cfg, weights, data, as_json, threads, engine):
     """Top-1 and top-k accuracy of WEIGHTS on the `valid` list, and the confusion matrix; for a
     detector, the COCO results JSON and VOC comp4 files (darkpy/cli_eval.py)."""
     from .cli_eval import cfg_is_detector, valid_detector
@@ -166,8 +168,11 @@ def valid(cfg, weights, data, as_json, threads):
 
     configure_threads(_settings(threads=threads).threads)
     if cfg_is_detector(cfg):
+        if engine != "darkpy":
+            raise click.UsageError("--engine applies to classifiers in `valid`; for a detector's mAP use "
+                                   "`darkpy map --engine onnxruntime`")
         return valid_detector(cfg, weights, data, as_json)
-    r = validate(cfg, weights, data=data)
+    r = validate(cfg, weights, data=data, engine=engine)
     if as_json:
         click.echo(json.dumps({"top1": r.top1, "topk": r.topk, "k": r.k, "images": r.n, "list": r.list_file,
                                "names": r.names, "confusion": r.confusion.tolist()}))
@@ -183,13 +188,14 @@ def valid(cfg, weights, data, as_json, threads):
 @click.option("--data", "data", type=click.Path(dir_okay=False), help="The .data file (for class names).")
 @click.option("--top", "-t", type=click.IntRange(min=1), help="How many classes to show (default: .data top, else 5).")
 @click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
-def predict(cfg, weights, images, data, top, as_json):
+@engine_option
+def predict(cfg, weights, images, data, top, as_json, engine):
     """The top classes of each IMAGE, with probabilities."""
     from .train import configure_threads, predict as run_predict
 
     configure_threads(_settings().threads)
     preds = run_predict(cfg, weights, images, data=data, top=top,
-                        notify=lambda message: click.echo(message, err=True))
+                        notify=lambda message: click.echo(message, err=True), engine=engine)
     if as_json:
         click.echo(json.dumps([p.as_dict() for p in preds], indent=1))
         return
@@ -335,14 +341,15 @@ def _register_extensions() -> None:
     """Commands that live in their own modules: `detect` and `map` (darkpy/cli_detect.py), `partial`
     and Darknet's command forms `detector ...`, `classifier ...` (darkpy/cli_darknet.py), `generate`
     and `textscore` (darkpy/cli_generate.py), `recall` (darkpy/cli_eval.py), `anchors`, `labels`,
-    `augment-preview` (darkpy/cli_dataset.py). (`train --procs` and the ranks' side of MPI runs:
-    darkpy/cli_mpi.py.)"""
-    from . import cli_darknet, cli_dataset, cli_detect, cli_eval, cli_generate
+    `augment-preview` (darkpy/cli_dataset.py), `export` (darkpy/cli_export.py). (`train --procs` and
+    the ranks' side of MPI runs: darkpy/cli_mpi.py.)"""
+    from . import cli_darknet, cli_dataset, cli_detect, cli_eval, cli_export, cli_generate
     cli_detect.register(main)
     cli_darknet.register(main)
     cli_generate.register(main)
     cli_eval.register(main)
     cli_dataset.register(main)
+    cli_export.register(main)
 
 
 _register_extensions()

@@ -10,6 +10,9 @@ import os
 
 import click
 
+from .cli_export import engine_option
+from .export.engine import with_engine
+
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
@@ -130,8 +133,9 @@ def yolo_label_lines(dets) -> list[str]:
 @click.option("--no-letterbox", is_flag=True, help="Stretch images to the input size instead of letterboxing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the detections of all images as one JSON document.")
 @click.option("--threads", type=click.IntRange(min=0), help="numba/BLAS threads (0 = all cores).")
+@engine_option
 def detect_command(cfg, weights, images, thresh, nms, out_dir, no_draw, save_labels, force, data,
-                   no_letterbox, as_json, threads):
+                   no_letterbox, as_json, threads, engine):
     """Detect objects in each IMAGE: print class, confidence and box, and save the image with
     labelled boxes.
 
@@ -144,7 +148,7 @@ def detect_command(cfg, weights, images, thresh, nms, out_dir, no_draw, save_lab
     if not force:
         _refuse_overwrite(labels)
     _threads(threads)
-    net = _load_detector(cfg, weights)
+    net = with_engine(_load_detector(cfg, weights), cfg, weights, engine)
     classes = detect.detection_heads(net)[-1].classes
     names = _names(cfg, data, classes)
     draw_dir = None if no_draw else (out_dir or ".")
@@ -224,7 +228,9 @@ def _print_detections(entry: dict, dets, names, thresh) -> None:
 @click.option("--no-letterbox", is_flag=True, help="Stretch images to the input size instead of letterboxing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--threads", type=click.IntRange(min=0), help="numba/BLAS threads (0 = all cores).")
-def map_command(cfg, weights, data, iou, metric, conf_thresh, batch, limit, no_letterbox, as_json, threads):
+@engine_option
+def map_command(cfg, weights, data, iou, metric, conf_thresh, batch, limit, no_letterbox, as_json, threads,
+                engine):
     """Mean average precision of WEIGHTS on the `valid` list: per-class AP (VOC 11-point, all-point
     and COCO 101-point), precision, recall, F1 and average IoU; `--metric coco` prints COCOeval's
     summary (AP@[.5:.95], AP50, AP75, by size, AR)."""
@@ -233,7 +239,7 @@ def map_command(cfg, weights, data, iou, metric, conf_thresh, batch, limit, no_l
 
     _threads(threads)
     data_path = resolve_data_file(cfg, data)
-    net = _load_detector(cfg, weights, batch)
+    net = with_engine(_load_detector(cfg, weights, batch), cfg, weights, engine)
     run = run_valid(net, data_path, letterbox=not no_letterbox, limit=limit)
     if metric == "coco":
         results = [map_of_run(run, 0.5, conf_thresh, "coco", iou_thresholds=sorted(iou) or None)]

@@ -72,11 +72,13 @@ def evaluate_classifier(net, dc, paths: list[str], k: int | None = None, batch: 
     return ValidResult(hits1 / n, hitsk / n, k, n, conf, names, dc.valid or "<list>")
 
 
-def validate(cfg, weights, data=None, settings: Settings | None = None) -> ValidResult:
-    """`darkpy valid`: accuracy of `weights` on the .data file's `valid` list."""
+def validate(cfg, weights, data=None, settings: Settings | None = None, engine: str = "darkpy") -> ValidResult:
+    """`darkpy valid`: accuracy of `weights` on the .data file's `valid` list (`engine` as predict's)."""
+    from .export.engine import with_engine
+
     data_path = resolve_data_file(cfg, data)
     dc = load_data_config(data_path)
-    net = _load_for_inference(cfg, weights)
+    net = with_engine(_load_for_inference(cfg, weights), cfg, weights, engine)
     if is_detector(net):
         raise DarkpyError(f"{cfg}: `valid` measures classifier accuracy; this network is a detector: "
                           f"use `darkpy map`")
@@ -109,11 +111,13 @@ class Prediction:
 
 
 def predict(cfg, weights, images: Sequence[str], data=None, top: int | None = None,
-            notify=None) -> list[Prediction]:
-    """`darkpy predict`: the top classes of each image (resized to the network's input)."""
+            notify=None, engine: str = "darkpy") -> list[Prediction]:
+    """`darkpy predict`: the top classes of each image (resized to the network's input);
+    `engine="onnxruntime"` runs the network exported to ONNX (export/engine.py)."""
     from . import images as im
+    from .export.engine import with_engine
 
-    net = _load_for_inference(cfg, weights, notify)
+    net = with_engine(_load_for_inference(cfg, weights, notify), cfg, weights, engine)
     if is_detector(net):
         raise DarkpyError(f"{cfg}: `predict` shows classifier labels; this network is a detector: "
                           f"use `darkpy detect`")
