@@ -11,7 +11,6 @@ import os
 import click
 
 from .cli_export import engine_option
-from .export.engine import with_engine
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -148,6 +147,8 @@ def detect_command(cfg, weights, images, thresh, nms, out_dir, no_draw, save_lab
     if not force:
         _refuse_overwrite(labels)
     _threads(threads)
+    from .export.engine import with_engine
+
     net = with_engine(_load_detector(cfg, weights), cfg, weights, engine)
     classes = detect.detection_heads(net)[-1].classes
     names = _names(cfg, data, classes)
@@ -239,6 +240,8 @@ def map_command(cfg, weights, data, iou, metric, conf_thresh, batch, limit, no_l
 
     _threads(threads)
     data_path = resolve_data_file(cfg, data)
+    from .export.engine import with_engine
+
     net = with_engine(_load_detector(cfg, weights, batch), cfg, weights, engine)
     run = run_valid(net, data_path, letterbox=not no_letterbox, limit=limit)
     if metric == "coco":
