@@ -37,7 +37,7 @@ from numba import prange
 from ..kernels import PARALLEL_MIN, jit, pjit
 from ..kernels.boxes import IOU_KINDS, box_iou, iou_kind_grad
 from .base import Layer, State, register
-from .yolo import _class_delta, _truth_cell, _valid_truth, read_class_map, truth_boxes
+from .yolo import _class_delta, _truth_cell, _valid_truth, read_class_map, read_head_anchors, truth_boxes
 
 MSE = -1
 BOX = 8                                   # entries before objectness: 4 coordinates x (μ, σ)
@@ -253,24 +253,12 @@ class GaussianYoloLayer(Layer):
 
     @classmethod
     def from_cfg(cls, sec, in_shape, ctx):
-        classes = sec.get_int("classes", 20)
-        total = sec.get_int("num", 1)
-        if classes < 1 or total < 1:
-            raise sec.error(f"classes and num must be >= 1 (got classes={classes}, num={total})",
-                            "classes" if classes < 1 else "num")
-        mask = sec.get_int_list("mask", list(range(total)))
-        for m in mask:
-            if not 0 <= m < total:
-                raise sec.error(f"mask value {m} is not an anchor index 0..{total - 1} (num={total})", "mask")
-        anchors = sec.get_float_list("anchors", [0.5] * (2 * total))
-        if len(anchors) < 2 * total or any(v <= 0 for v in anchors[:2 * total]):
-            raise sec.error(f"needs 2*num = {2 * total} anchor sizes > 0 (w,h per anchor), got {len(anchors)} "
-                            f"values", "anchors")
+        classes, mask, anchors = read_head_anchors(sec)
         need = len(mask) * (classes + BOX + 1)
         if in_shape[0] != need:
             raise sec.error(f"the layer before must output len(mask)*(classes+9) = {len(mask)}*({classes}+9) = "
                             f"{need} channels (set filters={need} in the last [convolutional]); it has {in_shape[0]}")
-        layer = cls(sec.index, in_shape, classes=classes, mask=mask, biases=anchors[:2 * total],
+        layer = cls(sec.index, in_shape, classes=classes, mask=mask, biases=anchors,
                     max_boxes=sec.get_int("max", 200), net_wh=(ctx.net.width, ctx.net.height), dtype=ctx.dtype)
         if layer.max_boxes < 1:
             raise sec.error(f"must be >= 1 (got {layer.max_boxes})", "max")

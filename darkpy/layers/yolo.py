@@ -356,6 +356,27 @@ def _same(value: str, default: str) -> bool:
         return value == default
 
 
+def read_head_anchors(sec) -> tuple[int, list[int], list[float]]:
+    """A yolo-style head's `classes`, `mask` and `anchors` (the first 2·num values), checked:
+    classes and num >= 1, every mask value an anchor index, 2·num anchor sizes, all > 0."""
+    classes = sec.get_int("classes", 20)
+    total = sec.get_int("num", 1)
+    if classes < 1 or total < 1:
+        raise sec.error(f"classes and num must be >= 1 (got classes={classes}, num={total})",
+                        "classes" if classes < 1 else "num")
+    mask = sec.get_int_list("mask", list(range(total)))
+    for m in mask:
+        if not 0 <= m < total:
+            raise sec.error(f"mask value {m} is not an anchor index 0..{total - 1} (num={total})", "mask")
+    anchors = sec.get_float_list("anchors", [0.5] * (2 * total))
+    if len(anchors) < 2 * total:
+        raise sec.error(f"needs 2*num = {2 * total} values (w,h per anchor), got {len(anchors)}", "anchors")
+    anchors = anchors[:2 * total]
+    if any(v <= 0 for v in anchors):
+        raise sec.error("anchor sizes must be > 0", "anchors")
+    return classes, mask, anchors
+
+
 def read_class_map(sec, classes: int) -> np.ndarray | None:
     """The section's `map=` file, if any: one int per line, line i is the class id that truth class
     i trains; each must be a class of this head (checked here, with the section's location)."""
@@ -458,21 +479,7 @@ class YoloLayer(Layer):
     # -- construction ------------------------------------------------------------------------------
     @classmethod
     def from_cfg(cls, sec, in_shape, ctx):
-        classes = sec.get_int("classes", 20)
-        total = sec.get_int("num", 1)
-        if classes < 1 or total < 1:
-            raise sec.error(f"classes and num must be >= 1 (got classes={classes}, num={total})",
-                            "classes" if classes < 1 else "num")
-        mask = sec.get_int_list("mask", list(range(total)))
-        for m in mask:
-            if not 0 <= m < total:
-                raise sec.error(f"mask value {m} is not an anchor index 0..{total - 1} (num={total})", "mask")
-        anchors = sec.get_float_list("anchors", [0.5] * (2 * total))
-        if len(anchors) < 2 * total:
-            raise sec.error(f"needs 2*num = {2 * total} values (w,h per anchor), got {len(anchors)}", "anchors")
-        anchors = anchors[:2 * total]
-        if any(v <= 0 for v in anchors):
-            raise sec.error("anchor sizes must be > 0", "anchors")
+        classes, mask, anchors = read_head_anchors(sec)
         c, h, w = in_shape
         need = len(mask) * (classes + 5)
         if c != need:
