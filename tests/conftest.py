@@ -6,6 +6,15 @@ from pathlib import Path
 
 import pytest
 
+# The suite runs darkpy's library in this one process, as the `darkpy` command runs it: with the
+# command's own OpenMP/OpenBLAS settings (darkpy/process.py), set here before numpy is first
+# imported. Without them numba's OpenMP pool and OpenBLAS's workers spin against each other on a
+# 2-core machine (a digits run 7x slower). The tests of what importing darkpy changes start their
+# own processes with these variables removed.
+from darkpy.process import set_command_environment  # noqa: E402  (imports nothing heavy)
+
+set_command_environment()
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("DARKPY_SHARED", ROOT.parent / "shared")).resolve()
 
