@@ -79,10 +79,13 @@ def activation(g: Graph, x: str, name: str, layer=None) -> str:
         quad = g.add(g.mul(g.scale(x, 0.5), x), x)                       # x*x/2 + x
         zero = g.scale(x, 0.0)
         return _where(g, _gt(g, x, 0.0), x, _where(g, _gt(g, x, -2.0), quad, zero))
-    if name == "gelu":
+    if name == "gelu":          # the exact x·Φ(x)
+        erf = g.op("Erf", [g.scale(x, 0.7071067811865476)], "erf")
+        return g.mul(g.scale(x, 0.5), g.add(erf, g.const(1.0)), "gelu")
+    if name == "gelu_tanh":     # AlexeyAB's `gelu` (the tanh approximation), constants unrounded
         x3 = g.mul(g.mul(x, x), x)
-        inner = g.add(g.scale(x, 0.797885), g.scale(x3, 0.035677))
-        return g.mul(g.scale(x, 0.5), g.add(g.op("Tanh", [inner]), g.const(1.0)), "gelu")
+        inner = g.add(g.scale(x, 0.7978845608028654), g.scale(x3, 0.044715 * 0.7978845608028654))
+        return g.mul(g.scale(x, 0.5), g.add(g.op("Tanh", [inner]), g.const(1.0)), "gelu_tanh")
     if name == "relu6":
         return g.op("Clip", [x, g.const(0.0), g.const(6.0)], "relu6")
     raise refuse(layer, f"activation={name} cannot be exported", "activation") if layer is not None \
