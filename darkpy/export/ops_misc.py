@@ -9,6 +9,7 @@ import numpy as np
 
 from ..layers.base import State, numel
 from ..layers.shortcut import _as_chw
+from ..layers.yolor import FocusLayer
 from .convert import Ctx, converts, refuse
 from .ops_conv import activation
 
@@ -148,10 +149,10 @@ def _probe_permutation(layer) -> np.ndarray:
     return np.rint(probe.output.reshape(-1)).astype(np.int64)
 
 
-@converts("reorg", "reorg3d")
+@converts("reorg", "reorg3d", classes=(FocusLayer,))
 def reorg(ctx: Ctx, layer):
-    """Darknet's reorg permutation (not DepthToSpace's) and reorg3d, as one Gather whose indices
-    come from darkpy's own kernel."""
+    """Darknet's reorg permutation (not DepthToSpace's), reorg3d and YOLOR's Focus reorg, as one
+    Gather whose indices come from darkpy's own kernel."""
     g = ctx.g
     idx = _probe_permutation(layer)
     flat = ctx.x(layer, (layer.inputs,))
