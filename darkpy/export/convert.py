@@ -101,7 +101,7 @@ class Ctx:
 
 
 def _load_converters() -> None:
-    from . import heads, ops_conv, ops_misc, ops_recurrent  # noqa: F401  (register their converters)
+    from . import heads, ops_conv, ops_misc, ops_recurrent, ops_yolor  # noqa: F401  (register their converters)
 
 
 def convert_layers(ctx: Ctx) -> None:
