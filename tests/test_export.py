@@ -265,20 +265,27 @@ def test_layer_kinds_without_a_converter_are_refused_in_one_line(kind):
     assert "\n" not in msg and msg.startswith("t.cfg") and msg.endswith(f"[{kind}] cannot be exported to ONNX by darkpy")
 
 
-@pytest.mark.parametrize("section,reason", [
-    ("[softmax]\ntree={tree}\n", "[softmax] with tree= (hierarchical softmax) cannot be exported to ONNX by darkpy"),
-    ("[convolutional]\nfilters=24\nsize=1\n[region]\nanchors=1,1,2,2\nnum=2\nclasses=7\ncoords=4\nsoftmax=1\n"
-     "tree={tree}\n", "[region] with tree= (the YOLO9000 softmax tree) cannot be exported to ONNX by darkpy")])
-def test_tree_softmax_is_refused_in_one_line(tmp_path, section, reason):
-    tree = tmp_path / "t.tree"
-    tree.write_text("animal -1\nplant -1\ndog 0\ncat 0\ntree 1\nterrier 2\npoodle 2\n")
-    net_sec = "[net]\ninputs=7\n" if section.startswith("[softmax]") else "[net]\nwidth=3\nheight=3\nchannels=2\n"
+TREE = "animal -1\nplant -1\ndog 0\ncat 0\ntree 1\nterrier 2\npoodle 2\n"     # groups 0-1, 2-3, 4, 5-6
+
+
+def test_tree_softmax_equals_darkpy(tmp_path):
+    (tmp_path / "t.tree").write_text(TREE)
+    _assert_equal_to_darkpy(NET.format(w=2, h=2, c=2) + "[connected]\noutput=7\nactivation=linear\n"
+                            f"[softmax]\ntree={tmp_path / 't.tree'}\ntemperature=2\n", 1e-6)
+
+
+def test_region_tree_is_refused_in_one_line(tmp_path):
+    (tmp_path / "t.tree").write_text(TREE)
+    text = (NET.format(w=3, h=3, c=2) + "[convolutional]\nfilters=24\nsize=1\n[region]\nanchors=1,1,2,2\n"
+            f"num=2\nclasses=7\ncoords=4\nsoftmax=1\ntree={tmp_path / 't.tree'}\n")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        net = load_network(parse_cfg(net_sec + section.format(tree=tree), "t.cfg"))
+        net = load_network(parse_cfg(text, "t.cfg"))
     with pytest.raises(ExportError) as ei:
         export_onnx(net)
-    assert "\n" not in str(ei.value) and str(ei.value).endswith(reason)
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith("t.cfg") and \
+        msg.endswith("[region] with tree= (the YOLO9000 softmax tree) cannot be exported to ONNX by darkpy")
 
 
 def test_no_fold_keeps_batch_normalization_and_agrees():

@@ -23,7 +23,6 @@ CONVERTERS: dict[str, Callable] = {}
 ACCEPTS: dict[str, tuple[type, ...]] = {}
 #: Refusal reasons of known variant classes (by class name), shorter than the generic one.
 VARIANT_REASONS = {
-    "TreeSoftmaxLayer": "[softmax] with tree= (hierarchical softmax) cannot be exported to ONNX by darkpy",
     "TreeRegionLayer": "[region] with tree= (the YOLO9000 softmax tree) cannot be exported to ONNX by darkpy",
 }
 

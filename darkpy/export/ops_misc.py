@@ -9,6 +9,7 @@ import numpy as np
 
 from ..layers.base import State, numel
 from ..layers.shortcut import _as_chw
+from ..layers.tree import TreeSoftmaxLayer
 from ..layers.yolor import FocusLayer
 from .convert import Ctx, converts, refuse
 from .ops_conv import activation
@@ -185,8 +186,30 @@ def dropout(ctx: Ctx, layer):
 
 
 # -- element-wise and normalisation ----------------------------------------------------------------
-@converts("softmax")
+def _tree_softmax(ctx: Ctx, layer):
+    """`[softmax] tree=` (layers/tree.py): a softmax over each group of the hierarchy, one Slice
+    and Softmax per group, concatenated (back in node order when the groups are not)."""
+    g = ctx.g
+    n = layer.inputs
+    tree = layer.tree
+    order = np.concatenate([np.arange(o, o + k) for o, k in zip(tree.group_offset, tree.group_size)])
+    if sorted(order.tolist()) != list(range(n)):
+        raise refuse(layer, "a tree whose groups do not cover each node once cannot be exported", "tree")
+    x = ctx.x(layer, (n,))
+    if layer.temperature != 1:
+        x = g.op("Div", [x, g.const(layer.temperature)], "div")
+    parts = [g.op("Softmax", [g.slice(x, [int(o)], [int(o + k)], [1])], "group_softmax", axis=1)
+             for o, k in zip(tree.group_offset, tree.group_size)]
+    y = g.op("Concat", parts, f"l{layer.index}_tree_softmax", axis=1) if len(parts) > 1 else parts[0]
+    if (order != np.arange(n)).any():
+        y = g.op("Gather", [y, g.ints(np.argsort(order))], f"l{layer.index}_tree_order", axis=1)
+    return y, (n,)
+
+
+@converts("softmax", classes=(TreeSoftmaxLayer,))
 def softmax(ctx: Ctx, layer):
+    if isinstance(layer, TreeSoftmaxLayer):
+        return _tree_softmax(ctx, layer)
     g = ctx.g
     n = layer.inputs
     x = g.reshape(ctx.x(layer, (n,)), (-1, layer.groups, n // layer.groups))
