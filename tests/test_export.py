@@ -274,18 +274,26 @@ def test_tree_softmax_equals_darkpy(tmp_path):
                             f"[softmax]\ntree={tmp_path / 't.tree'}\ntemperature=2\n", 1e-6)
 
 
-def test_region_tree_is_refused_in_one_line(tmp_path):
+def test_region_tree_equals_darkpy(tmp_path):
     (tmp_path / "t.tree").write_text(TREE)
-    text = (NET.format(w=3, h=3, c=2) + "[convolutional]\nfilters=24\nsize=1\n[region]\nanchors=1,1,2,2\n"
-            f"num=2\nclasses=7\ncoords=4\nsoftmax=1\ntree={tmp_path / 't.tree'}\n")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        net = load_network(parse_cfg(text, "t.cfg"))
+    net, x, _ = _assert_equal_to_darkpy(
+        NET.format(w=3, h=3, c=2) + "[convolutional]\nfilters=24\nsize=1\nactivation=linear\n[region]\n"
+        f"anchors=1,1,2,2\nnum=2\nclasses=7\ncoords=4\nsoftmax=1\ntree={tmp_path / 't.tree'}\n", 1e-6)
+    boxes, scores = _run(export_onnx(net, heads="boxes"), x)
+    ref_boxes, ref_scores = ec.darkpy_boxes(net)
+    assert ec.rel_err(boxes[0], ref_boxes) <= 1e-5 and ec.rel_err(scores[0], ref_scores) <= 1e-5
+
+
+def test_unknown_variant_class_of_a_kind_is_refused_in_one_line():
+    """A layer class the converter of its kind was not written for is refused, not exported as the kind."""
+    from darkpy.layers.convolutional import ConvolutionalLayer
+    net, _ = _net(NET.format(w=4, h=4, c=2) + CONV.format(f=2))
+    net.layers[0].__class__ = type("OtherConv", (ConvolutionalLayer,), {})
     with pytest.raises(ExportError) as ei:
         export_onnx(net)
     msg = str(ei.value)
     assert "\n" not in msg and msg.startswith("t.cfg") and \
-        msg.endswith("[region] with tree= (the YOLO9000 softmax tree) cannot be exported to ONNX by darkpy")
+        msg.endswith("[convolutional] as OtherConv cannot be exported to ONNX by darkpy")
 
 
 def test_no_fold_keeps_batch_normalization_and_agrees():

@@ -22,9 +22,7 @@ CONVERTERS: dict[str, Callable] = {}
 #: `[softmax]` with tree=, ...) not listed here is refused, never exported as its base kind.
 ACCEPTS: dict[str, tuple[type, ...]] = {}
 #: Refusal reasons of known variant classes (by class name), shorter than the generic one.
-VARIANT_REASONS = {
-    "TreeRegionLayer": "[region] with tree= (the YOLO9000 softmax tree) cannot be exported to ONNX by darkpy",
-}
+VARIANT_REASONS: dict[str, str] = {}
 
 
 def converts(*kinds: str, classes: tuple[type, ...] = ()):

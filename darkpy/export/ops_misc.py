@@ -186,24 +186,29 @@ def dropout(ctx: Ctx, layer):
 
 
 # -- element-wise and normalisation ----------------------------------------------------------------
-def _tree_softmax(ctx: Ctx, layer):
-    """`[softmax] tree=` (layers/tree.py): a softmax over each group of the hierarchy, one Slice
-    and Softmax per group, concatenated (back in node order when the groups are not)."""
-    g = ctx.g
-    n = layer.inputs
+def tree_softmax(g, x: str, layer, axis: int) -> str:
+    """The softmax of x over each group of layer.tree along `axis` (layers/tree.py): one Slice and
+    Softmax per group, concatenated (put back in node order when the groups are not)."""
     tree = layer.tree
+    n = tree.n
     order = np.concatenate([np.arange(o, o + k) for o, k in zip(tree.group_offset, tree.group_size)])
     if sorted(order.tolist()) != list(range(n)):
         raise refuse(layer, "a tree whose groups do not cover each node once cannot be exported", "tree")
-    x = ctx.x(layer, (n,))
+    parts = [g.op("Softmax", [g.slice(x, [int(o)], [int(o + k)], [axis])], "group_softmax", axis=axis)
+             for o, k in zip(tree.group_offset, tree.group_size)]
+    y = g.op("Concat", parts, f"l{layer.index}_tree_softmax", axis=axis) if len(parts) > 1 else parts[0]
+    if (order != np.arange(n)).any():
+        y = g.op("Gather", [y, g.ints(np.argsort(order))], f"l{layer.index}_tree_order", axis=axis)
+    return y
+
+
+def _tree_softmax(ctx: Ctx, layer):
+    """`[softmax] tree=`: the group-wise softmax of x / temperature."""
+    g = ctx.g
+    x = ctx.x(layer, (layer.inputs,))
     if layer.temperature != 1:
         x = g.op("Div", [x, g.const(layer.temperature)], "div")
-    parts = [g.op("Softmax", [g.slice(x, [int(o)], [int(o + k)], [1])], "group_softmax", axis=1)
-             for o, k in zip(tree.group_offset, tree.group_size)]
-    y = g.op("Concat", parts, f"l{layer.index}_tree_softmax", axis=1) if len(parts) > 1 else parts[0]
-    if (order != np.arange(n)).any():
-        y = g.op("Gather", [y, g.ints(np.argsort(order))], f"l{layer.index}_tree_order", axis=1)
-    return y, (n,)
+    return tree_softmax(g, x, layer, 1), (layer.inputs,)
 
 
 @converts("softmax", classes=(TreeSoftmaxLayer,))
