@@ -36,7 +36,7 @@ OTHER = [n for n, r in ROWS.items() if r["status"] != "exported"]
 FAST = ["pjreddie/yolov3-tiny.cfg", "pjreddie/yolov2-tiny.cfg", "alexeyab/yolov4-tiny-custom.cfg",
         "pjreddie/yolov1-tiny.cfg", "pjreddie/cifar.test.cfg", "pjreddie/go.cfg", "pjreddie/resnet18.cfg",
         "alexeyab/yolov3-tiny_occlusion_track.cfg", "alexeyab/yolov4-csp-s-mish.cfg", "pjreddie/tiny.cfg",
-        "pjreddie/rnn.cfg", "pjreddie/gru.cfg"]
+        "pjreddie/rnn.cfg", "pjreddie/gru.cfg", "alexeyab/tiny-yolo_xnor.cfg"]
 
 
 def _params():
