@@ -236,8 +236,8 @@ def test_contrastive_exports_its_zero_inference_output():
                   "[yolo]\nmask=0,1,2\nanchors=1,1,2,2,3,3\nnum=3\nclasses=1\n[route]\nlayers=-2\n"
                   "[contrastive]\nclasses=1\nyolo_layer=-2\n")
     m = export_onnx(net)
-    m.graph.output.append(onnx.helper.make_tensor_value_info(
-        next(n.output[0] for n in m.graph.node if n.op_type == "ConstantOfShape"), onnx.TensorProto.FLOAT, ["n", 18, 4, 4]))
+    zeros = next(n.output[0] for n in m.graph.node if n.op_type == "ConstantOfShape")
+    m.graph.output.append(onnx.helper.make_tensor_value_info(zeros, onnx.TensorProto.FLOAT, ["n", 18, 4, 4]))
     outs = _run(m, x)
     assert outs[-1].shape == (1, 18, 4, 4) and not outs[-1].any() and not net.output.any()
 
@@ -262,7 +262,8 @@ def test_layer_kinds_without_a_converter_are_refused_in_one_line(kind):
     with pytest.raises(ExportError) as ei:
         export_onnx(net)
     msg = str(ei.value)
-    assert "\n" not in msg and msg.startswith("t.cfg") and msg.endswith(f"[{kind}] cannot be exported to ONNX by darkpy")
+    assert "\n" not in msg and msg.startswith("t.cfg")
+    assert msg.endswith(f"[{kind}] cannot be exported to ONNX by darkpy")
 
 
 TREE = "animal -1\nplant -1\ndog 0\ncat 0\ntree 1\nterrier 2\npoodle 2\n"     # groups 0-1, 2-3, 4, 5-6
