@@ -65,6 +65,7 @@ def build(name: str, width: int | None = None, height: int | None = None):
         doc = parse_cfg(oracle.darknet_text(path), str(path))
     except DarkpyError as e:
         raise NotExported(f"darkpy cannot build it: {e}") from None
+    oracle._stand_ins(doc)          # tree= / map=: generated stand-ins (../shared has no 9k.tree)
     for key, value in (("batch", "1"), ("subdivisions", "1")):
         doc.set(f"net.{key}", value)
     if int(doc.get("net.time_steps") or 1) > MAX_STEPS:

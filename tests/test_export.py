@@ -36,7 +36,7 @@ OTHER = [n for n, r in ROWS.items() if r["status"] != "exported"]
 FAST = ["pjreddie/yolov3-tiny.cfg", "pjreddie/yolov2-tiny.cfg", "alexeyab/yolov4-tiny-custom.cfg",
         "pjreddie/yolov1-tiny.cfg", "pjreddie/cifar.test.cfg", "pjreddie/go.cfg", "pjreddie/resnet18.cfg",
         "alexeyab/yolov3-tiny_occlusion_track.cfg", "alexeyab/yolov4-csp-s-mish.cfg", "pjreddie/tiny.cfg",
-        "pjreddie/rnn.cfg", "pjreddie/gru.cfg"]
+        "pjreddie/rnn.cfg", "pjreddie/gru.cfg", "alexeyab/tiny-yolo_xnor.cfg"]
 
 
 def _params():
@@ -193,6 +193,15 @@ SMALL = {
     "activation=linear\n[yolo]\nmask=2,1\nanchors=3,4,10,12,20,9\nclasses=3\nnum=3\nscale_x_y=1.05\n",
     "region_softmax": NET.format(w=32, h=32, c=3) + "[convolutional]\nfilters=16\nsize=3\nstride=8\npad=1\n"
     "activation=linear\n[region]\nanchors=1,2,3,1\nclasses=3\nnum=2\nsoftmax=1\n",
+    "xnor_binary_share": NET.format(w=6, h=6, c=3) +
+    "[convolutional]\nfilters=4\nsize=3\npad=1\nbinary=1\nactivation=leaky\n" +
+    "[convolutional]\nbatch_normalize=1\nfilters=4\nsize=3\npad=1\nactivation=leaky\n" +
+    "[convolutional]\nbatch_normalize=1\nfilters=4\nsize=3\npad=1\nxnor=1\nactivation=linear\n" +
+    "[convolutional]\nbatch_normalize=1\nfilters=4\nsize=3\npad=1\nshare_index=1\nactivation=leaky\n",
+    "yolor_focus_implicit_shift_control": NET.format(w=8, h=8, c=3) + "[reorg]\n" + CONV.format(f=4) +
+    "[implicit_add]\nfilters=4\n[route]\nlayers=-2\n[shift_channels]\nfrom=-2\n"
+    "[implicit_mul]\nfilters=4\n[route]\nlayers=-2\n[control_channels]\nfrom=-2\n",
+    "implicit_atoms": NET.format(w=4, h=4, c=3) + "[implicit]\nfilters=3\natoms=2\n",
     "rnn_shortcut_bn": "[net]\ninputs=5\ntime_steps=3\n[rnn]\noutput=6\nhidden=4\nbatch_normalize=1\n"
     "shortcut=1\nactivation=leaky\nlogistic=2\n[connected]\noutput=3\nactivation=linear\n[softmax]\n",
     "gru_lstm": "[net]\ninputs=4\ntime_steps=4\n[gru]\noutput=5\ntanh=1\n[gru]\noutput=3\n"
@@ -211,6 +220,81 @@ def test_small_network_equals_darkpy(name):
         boxes, scores = _run(export_onnx(net, heads="boxes"), x)
         ref_boxes, ref_scores = ec.darkpy_boxes(net)
         assert ec.rel_err(boxes[0], ref_boxes) <= 1e-5 and ec.rel_err(scores[0], ref_scores) <= 1e-5
+
+
+def test_xnor_input_binarisation_counts_zero_as_plus_one():
+    """xnor=1 binarises x >= 0 to +1: an input of exact zeros (and the zero padding) agrees."""
+    net, _ = _net(NET.format(w=5, h=5, c=2) + "[convolutional]\nfilters=3\nsize=3\npad=1\nxnor=1\n")
+    x = np.zeros((1, 2, 5, 5), np.float32)
+    x[0, 0, ::2] = -0.5
+    net.forward(x)
+    assert ec.rel_err(_run(export_onnx(net), x)[0], net.output) <= 1e-6
+
+
+def test_contrastive_exports_its_zero_inference_output():
+    net, x = _net(NET.format(w=4, h=4, c=3) + "[convolutional]\nfilters=18\nsize=1\nactivation=linear\n"
+                  "[yolo]\nmask=0,1,2\nanchors=1,1,2,2,3,3\nnum=3\nclasses=1\n[route]\nlayers=-2\n"
+                  "[contrastive]\nclasses=1\nyolo_layer=-2\n")
+    m = export_onnx(net)
+    zeros = next(n.output[0] for n in m.graph.node if n.op_type == "ConstantOfShape")
+    m.graph.output.append(onnx.helper.make_tensor_value_info(zeros, onnx.TensorProto.FLOAT, ["n", 18, 4, 4]))
+    outs = _run(m, x)
+    assert outs[-1].shape == (1, 18, 4, 4) and not outs[-1].any() and not net.output.any()
+
+
+REFUSED_KINDS = {
+    "history": "[net]\ntime_steps=3\nwidth=2\nheight=1\nchannels=2\n[history]\nhistory_size=2\n",
+    "Gaussian_yolo": "[net]\nwidth=4\nheight=4\nchannels=22\n[Gaussian_yolo]\nmask=0,1\nanchors=1,1,2,3\n"
+    "num=2\nclasses=2\n",
+    "conv_lstm": "[net]\ntime_steps=3\nwidth=3\nheight=4\nchannels=2\n[conv_lstm]\noutput=3\nsize=3\npad=1\n",
+    "embedding": "[net]\ntime_steps=2\ninputs=1\n[embedding]\nvocab=5\nsize=3\n",
+    "layernorm": "[net]\ntime_steps=2\ninputs=8\n[layernorm]\n",
+    "attention": "[net]\ntime_steps=2\ninputs=8\n[attention]\nheads=2\n",
+    "crossentropy": "[net]\ntime_steps=2\ninputs=8\n[crossentropy]\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(REFUSED_KINDS))
+def test_layer_kinds_without_a_converter_are_refused_in_one_line(kind):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        net = load_network(parse_cfg(REFUSED_KINDS[kind], "t.cfg"))
+    with pytest.raises(ExportError) as ei:
+        export_onnx(net)
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith("t.cfg")
+    assert msg.endswith(f"[{kind}] cannot be exported to ONNX by darkpy")
+
+
+TREE = "animal -1\nplant -1\ndog 0\ncat 0\ntree 1\nterrier 2\npoodle 2\n"     # groups 0-1, 2-3, 4, 5-6
+
+
+def test_tree_softmax_equals_darkpy(tmp_path):
+    (tmp_path / "t.tree").write_text(TREE)
+    _assert_equal_to_darkpy(NET.format(w=2, h=2, c=2) + "[connected]\noutput=7\nactivation=linear\n"
+                            f"[softmax]\ntree={tmp_path / 't.tree'}\ntemperature=2\n", 1e-6)
+
+
+def test_region_tree_equals_darkpy(tmp_path):
+    (tmp_path / "t.tree").write_text(TREE)
+    net, x, _ = _assert_equal_to_darkpy(
+        NET.format(w=3, h=3, c=2) + "[convolutional]\nfilters=24\nsize=1\nactivation=linear\n[region]\n"
+        f"anchors=1,1,2,2\nnum=2\nclasses=7\ncoords=4\nsoftmax=1\ntree={tmp_path / 't.tree'}\n", 1e-6)
+    boxes, scores = _run(export_onnx(net, heads="boxes"), x)
+    ref_boxes, ref_scores = ec.darkpy_boxes(net)
+    assert ec.rel_err(boxes[0], ref_boxes) <= 1e-5 and ec.rel_err(scores[0], ref_scores) <= 1e-5
+
+
+def test_unknown_variant_class_of_a_kind_is_refused_in_one_line():
+    """A layer class the converter of its kind was not written for is refused, not exported as the kind."""
+    from darkpy.layers.convolutional import ConvolutionalLayer
+    net, _ = _net(NET.format(w=4, h=4, c=2) + CONV.format(f=2))
+    net.layers[0].__class__ = type("OtherConv", (ConvolutionalLayer,), {})
+    with pytest.raises(ExportError) as ei:
+        export_onnx(net)
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith("t.cfg") and \
+        msg.endswith("[convolutional] as OtherConv cannot be exported to ONNX by darkpy")
 
 
 def test_no_fold_keeps_batch_normalization_and_agrees():

@@ -17,17 +17,38 @@ from . import ExportError
 from .graph import Graph
 
 CONVERTERS: dict[str, Callable] = {}
+#: Per kind, the layer classes besides the kind's registered one (darkpy.layers.base.REGISTRY) that
+#: its converter reproduces exactly. A variant class of a kind (a `[convolutional]` with xnor=1, a
+#: `[softmax]` with tree=, ...) not listed here is refused, never exported as its base kind.
+ACCEPTS: dict[str, tuple[type, ...]] = {}
+#: Refusal reasons of known variant classes (by class name), shorter than the generic one.
+VARIANT_REASONS: dict[str, str] = {}
 
 
-def converts(*kinds: str):
-    """Decorator: register `fn(ctx, layer)` as the converter of each layer kind in `kinds`."""
+def converts(*kinds: str, classes: tuple[type, ...] = ()):
+    """Decorator: register `fn(ctx, layer)` as the converter of each layer kind in `kinds`; it also
+    handles the variant layer classes `classes` of those kinds."""
     def deco(fn):
         for k in kinds:
             if k in CONVERTERS:
                 raise RuntimeError(f"converter for [{k}] registered twice")
             CONVERTERS[k] = fn
+            ACCEPTS[k] = tuple(classes)
         return fn
     return deco
+
+
+def converter(layer) -> Callable:
+    """The converter of `layer`, or the ExportError refusing it."""
+    from ..layers.base import REGISTRY
+    fn = CONVERTERS.get(layer.kind)
+    cls = type(layer)
+    if fn is None:
+        raise refuse(layer, f"[{layer.kind}] cannot be exported to ONNX by darkpy")
+    if cls is not REGISTRY.get(layer.kind) and cls not in ACCEPTS.get(layer.kind, ()):
+        raise refuse(layer, VARIANT_REASONS.get(
+            cls.__name__, f"[{layer.kind}] as {cls.__name__} cannot be exported to ONNX by darkpy"))
+    return fn
 
 
 def refuse(layer, message: str, key: str | None = None) -> ExportError:
@@ -58,7 +79,7 @@ class Ctx:
     def inner(self, layer, t: tuple[str, tuple]) -> str:
         """Run the converter of `layer` (an inner layer of a recurrent one) on tensor t."""
         sub = Ctx(self.g, self.net, self.fold, self.input, self.tensors, feed=t)
-        return CONVERTERS[layer.kind](sub, layer)[0]
+        return converter(layer)(sub, layer)[0]
 
     def src(self, i: int) -> tuple[str, tuple]:
         return self.tensors[i]
@@ -77,17 +98,14 @@ class Ctx:
 
 
 def _load_converters() -> None:
-    from . import heads, ops_conv, ops_misc, ops_recurrent  # noqa: F401  (register their converters)
+    from . import heads, ops_conv, ops_misc, ops_recurrent, ops_yolor  # noqa: F401  (register their converters)
 
 
 def convert_layers(ctx: Ctx) -> None:
     """Add every layer of ctx.net to ctx.g, in order; ctx.tensors gets each one's output."""
     _load_converters()
     for layer in ctx.net.layers:
-        fn = CONVERTERS.get(layer.kind)
-        if fn is None:
-            raise refuse(layer, f"[{layer.kind}] cannot be exported to ONNX by darkpy")
-        name, shape = fn(ctx, layer)
+        name, shape = converter(layer)(ctx, layer)
         ctx.tensors.append((name, tuple(shape)))
         got = int(np.prod(shape)) if len(shape) else 1
         if got != layer.outputs:      # a converter bug, never a user error

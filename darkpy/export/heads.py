@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..layers.tree import TreeRegionLayer
 from .convert import Ctx, converts
 from .graph import Graph
+from .ops_misc import tree_softmax
 
 
 def _sig(g: Graph, x: str) -> str:
@@ -39,14 +41,18 @@ def yolo(ctx: Ctx, layer):
     return g.reshape(y, (-1, c, h, w), f"l{layer.index}_yolo"), layer.out_shape
 
 
-@converts("region")
+@converts("region", classes=(TreeRegionLayer,))
 def region(ctx: Ctx, layer):
+    """With tree= (YOLO9000) the class planes get the tree's group-wise softmax instead."""
     g = ctx.g
     c, h, w = layer.out_shape
     e = layer.entries
     t = g.reshape(ctx.x(layer), (-1, layer.n, e, h * w))
     xy, wh, obj, cls = _planes(g, t, 0, 2), _planes(g, t, 2, 4), _planes(g, t, 4, 5), _planes(g, t, 5, e)
-    cls = g.op("Softmax", [cls], axis=2) if layer.softmax else _sig(g, cls)
+    if isinstance(layer, TreeRegionLayer):
+        cls = tree_softmax(g, cls, layer, 2)
+    else:
+        cls = g.op("Softmax", [cls], axis=2) if layer.softmax else _sig(g, cls)
     y = g.op("Concat", [_sig(g, xy), wh, _sig(g, obj), cls], axis=2)
     return g.reshape(y, (-1, c, h, w), f"l{layer.index}_region"), layer.out_shape
 

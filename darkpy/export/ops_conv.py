@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..layers.share import SharedConvolutionalLayer
+from ..layers.xnor import XnorConvolutionalLayer
 from .convert import Ctx, converts, refuse
 from .graph import Graph
 
@@ -79,10 +81,13 @@ def activation(g: Graph, x: str, name: str, layer=None) -> str:
         quad = g.add(g.mul(g.scale(x, 0.5), x), x)                       # x*x/2 + x
         zero = g.scale(x, 0.0)
         return _where(g, _gt(g, x, 0.0), x, _where(g, _gt(g, x, -2.0), quad, zero))
-    if name == "gelu":
+    if name == "gelu":          # the exact x·Φ(x)
+        erf = g.op("Erf", [g.scale(x, 0.7071067811865476)], "erf")
+        return g.mul(g.scale(x, 0.5), g.add(erf, g.const(1.0)), "gelu")
+    if name == "gelu_tanh":     # AlexeyAB's `gelu` (the tanh approximation), constants unrounded
         x3 = g.mul(g.mul(x, x), x)
-        inner = g.add(g.scale(x, 0.797885), g.scale(x3, 0.035677))
-        return g.mul(g.scale(x, 0.5), g.add(g.op("Tanh", [inner]), g.const(1.0)), "gelu")
+        inner = g.add(g.scale(x, 0.7978845608028654), g.scale(x3, 0.044715 * 0.7978845608028654))
+        return g.mul(g.scale(x, 0.5), g.add(g.op("Tanh", [inner]), g.const(1.0)), "gelu_tanh")
     if name == "relu6":
         return g.op("Clip", [x, g.const(0.0), g.const(6.0)], "relu6")
     raise refuse(layer, f"activation={name} cannot be exported", "activation") if layer is not None \
@@ -140,11 +145,20 @@ def _finish(ctx: Ctx, layer, y: str, has_bias: bool) -> str:
 
 
 # -- convolutional ----------------------------------------------------------------------------------
-@converts("convolutional")
+@converts("convolutional", classes=(SharedConvolutionalLayer, XnorConvolutionalLayer))
 def convolutional(ctx: Ctx, layer):
+    """A shared convolution (share_index) holds its source's arrays; an XNOR/binary one
+    (layers/xnor.py) is the convolution with its binarised weights mean_f·sign(w) as constants,
+    and with xnor=1 the input binarised first (x >= 0 -> +1, else -1; the padding stays 0)."""
     g = ctx.g
     x = ctx.x(layer)
-    w, b = _weights_and_bias(ctx, layer, layer.weights.value, 0)
+    weights = layer.weights.value
+    if isinstance(layer, XnorConvolutionalLayer):
+        weights = layer._binarized().copy()
+        if layer.xnor:
+            ge = g.op("GreaterOrEqual", [x, g.const(0.0)], f"l{layer.index}_sign")
+            x = _where(g, ge, g.const(1.0), g.const(-1.0))
+    w, b = _weights_and_bias(ctx, layer, weights, 0)
     p = layer.padding * layer.dilation     # darkpy pads `padding` x dilation per side (im2col)
     y = g.op("Conv", [x, w] + ([b] if b else []), f"l{layer.index}_conv",
              kernel_shape=[layer.size, layer.size], strides=[layer.stride_y, layer.stride_x],

@@ -9,6 +9,8 @@ import numpy as np
 
 from ..layers.base import State, numel
 from ..layers.shortcut import _as_chw
+from ..layers.tree import TreeSoftmaxLayer
+from ..layers.yolor import FocusLayer
 from .convert import Ctx, converts, refuse
 from .ops_conv import activation
 
@@ -148,10 +150,10 @@ def _probe_permutation(layer) -> np.ndarray:
     return np.rint(probe.output.reshape(-1)).astype(np.int64)
 
 
-@converts("reorg", "reorg3d")
+@converts("reorg", "reorg3d", classes=(FocusLayer,))
 def reorg(ctx: Ctx, layer):
-    """Darknet's reorg permutation (not DepthToSpace's) and reorg3d, as one Gather whose indices
-    come from darkpy's own kernel."""
+    """Darknet's reorg permutation (not DepthToSpace's), reorg3d and YOLOR's Focus reorg, as one
+    Gather whose indices come from darkpy's own kernel."""
     g = ctx.g
     idx = _probe_permutation(layer)
     flat = ctx.x(layer, (layer.inputs,))
@@ -184,8 +186,35 @@ def dropout(ctx: Ctx, layer):
 
 
 # -- element-wise and normalisation ----------------------------------------------------------------
-@converts("softmax")
+def tree_softmax(g, x: str, layer, axis: int) -> str:
+    """The softmax of x over each group of layer.tree along `axis` (layers/tree.py): one Slice and
+    Softmax per group, concatenated (put back in node order when the groups are not)."""
+    tree = layer.tree
+    n = tree.n
+    order = np.concatenate([np.arange(o, o + k) for o, k in zip(tree.group_offset, tree.group_size)])
+    if sorted(order.tolist()) != list(range(n)):
+        raise refuse(layer, "a tree whose groups do not cover each node once cannot be exported", "tree")
+    parts = [g.op("Softmax", [g.slice(x, [int(o)], [int(o + k)], [axis])], "group_softmax", axis=axis)
+             for o, k in zip(tree.group_offset, tree.group_size)]
+    y = g.op("Concat", parts, f"l{layer.index}_tree_softmax", axis=axis) if len(parts) > 1 else parts[0]
+    if (order != np.arange(n)).any():
+        y = g.op("Gather", [y, g.ints(np.argsort(order))], f"l{layer.index}_tree_order", axis=axis)
+    return y
+
+
+def _tree_softmax(ctx: Ctx, layer):
+    """`[softmax] tree=`: the group-wise softmax of x / temperature."""
+    g = ctx.g
+    x = ctx.x(layer, (layer.inputs,))
+    if layer.temperature != 1:
+        x = g.op("Div", [x, g.const(layer.temperature)], "div")
+    return tree_softmax(g, x, layer, 1), (layer.inputs,)
+
+
+@converts("softmax", classes=(TreeSoftmaxLayer,))
 def softmax(ctx: Ctx, layer):
+    if isinstance(layer, TreeSoftmaxLayer):
+        return _tree_softmax(ctx, layer)
     g = ctx.g
     n = layer.inputs
     x = g.reshape(ctx.x(layer, (n,)), (-1, layer.groups, n // layer.groups))
