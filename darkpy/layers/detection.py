@@ -27,6 +27,7 @@ import numpy as np
 from ..kernels import jit
 from ..kernels.boxes import box_iou
 from .base import Layer, State, numel, register
+from .yolo import BoxHead
 from .yolo import _valid_truth, truth_boxes
 
 _IOU, _CAT, _ALLCAT, _OBJ, _ANYOBJ, _COUNT, _BAD = range(7)
@@ -149,7 +150,7 @@ def detection_delta(delta, stats, out, grid, choice, side, n, classes, coord_sca
 
 
 @register
-class DetectionLayer(Layer):
+class DetectionLayer(BoxHead, Layer):
     """The YOLOv1 head. See the module docstring."""
 
     kind = "detection"
@@ -202,10 +203,6 @@ class DetectionLayer(Layer):
             setattr(layer, key, sec.get_float(key, 1.0))
         sec.get_str("reorg", None)    # read by darknet, unused
         return layer
-
-    @property
-    def truths(self) -> int:
-        return self.max_boxes * 5
 
     def allocate(self, batch: int) -> None:
         super().allocate(batch)

@@ -37,7 +37,8 @@ from numba import prange
 from ..kernels import PARALLEL_MIN, jit, pjit
 from ..kernels.boxes import IOU_KINDS, box_iou, iou_kind_grad
 from .base import Layer, State, register
-from .yolo import _class_delta, _truth_cell, _valid_truth, read_class_map, read_head_anchors, truth_boxes
+from .yolo import (BoxHead, _class_delta, _truth_cell, _valid_truth, read_class_map, read_head_anchors,
+                   truth_boxes)
 
 MSE = -1
 BOX = 8                                   # entries before objectness: 4 coordinates x (μ, σ)
@@ -226,7 +227,7 @@ def gaussian_delta(delta, stats, out, truth, biases, mask, class_map, lw, lh, ne
 
 
 @register
-class GaussianYoloLayer(Layer):
+class GaussianYoloLayer(BoxHead, Layer):
     kind = "Gaussian_yolo"
     has_cost = True
     needs_image = True
@@ -282,21 +283,11 @@ class GaussianYoloLayer(Layer):
         return layer
 
     @property
-    def truths(self) -> int:
-        return self.max_boxes * 5
-
-    @property
     def entries(self) -> int:
         return self.classes + BOX + 1
 
     def summary(self) -> str:
         return "Gaussian_yolo"
-
-    def _net_size(self, s: State) -> tuple[int, int]:
-        net = s.net
-        if net is not None and getattr(net, "width", 0):
-            return net.width, net.height
-        return self.net_wh
 
     def forward(self, s: State) -> None:
         c, h, w = self.out_shape

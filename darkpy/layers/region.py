@@ -32,7 +32,7 @@ import numpy as np
 from ..kernels import jit
 from ..kernels.boxes import box_iou
 from .base import Layer, State, register
-from .yolo import _truth_cell, _valid_truth, read_class_map, truth_boxes
+from .yolo import BoxHead, _truth_cell, _valid_truth, read_class_map, truth_boxes
 
 _IOU, _CAT, _OBJ, _ANYOBJ, _R50, _COUNT, _BAD = range(7)
 
@@ -183,7 +183,7 @@ def region_backward(prev_delta, delta, out, n, entries, hw):
 
 
 @register
-class RegionLayer(Layer):
+class RegionLayer(BoxHead, Layer):
     """The YOLOv2 head. See the module docstring."""
 
     kind = "region"
@@ -253,10 +253,6 @@ class RegionLayer(Layer):
         if cmap is not None:
             layer.class_map = cmap
         return layer
-
-    @property
-    def truths(self) -> int:
-        return self.max_boxes * 5
 
     @property
     def entries(self) -> int:

@@ -434,8 +434,24 @@ def truth_boxes(layer: Layer, truth: np.ndarray) -> int:
     return layer.max_boxes
 
 
+class BoxHead:
+    """What the box heads ([yolo], [Gaussian_yolo], [region], [detection]) share: each image's truth
+    is `max_boxes` rows of (x, y, w, h, class), and boxes are decoded against the network's input
+    size at this forward (a multi-scale resize changes it; `net_wh` when run alone)."""
+
+    @property
+    def truths(self) -> int:
+        return self.max_boxes * 5
+
+    def _net_size(self, s: State) -> tuple[int, int]:
+        net = s.net
+        if net is not None and getattr(net, "width", 0):
+            return net.width, net.height
+        return self.net_wh
+
+
 @register
-class YoloLayer(Layer):
+class YoloLayer(BoxHead, Layer):
     """The YOLOv3 head. See the module docstring for forward, loss and the fork keys."""
 
     kind = "yolo"
@@ -522,10 +538,6 @@ class YoloLayer(Layer):
         return layer
 
     @property
-    def truths(self) -> int:
-        return self.max_boxes * 5
-
-    @property
     def entries(self) -> int:
         return self.classes + 5
 
@@ -533,12 +545,6 @@ class YoloLayer(Layer):
         return "yolo"
 
     # -- compute -----------------------------------------------------------------------------------
-    def _net_size(self, s: State) -> tuple[int, int]:
-        net = s.net
-        if net is not None and getattr(net, "width", 0):
-            return net.width, net.height
-        return self.net_wh
-
     def forward(self, s: State) -> None:
         c, h, w = self.out_shape
         hw = h * w
