@@ -2,9 +2,9 @@
 quiet window, outputs checked equal first.
 
 Contenders: `darkpy`, `torch` (NCHW), `torch-cl` (torch with `channels_last`) and, for inference,
-`onnxruntime` (CPU provider) on the network exported to ONNX (`onnx_models.ONNX_EXPORTERS`: from
-the torch translator, or from darkpy's own exporter once it exists). The faster torch layout is darkpy's
-PyTorch peer.
+`onnxruntime` (CPU provider) on the network exported to ONNX (`onnx_models.ONNX_EXPORTERS`: by
+darkpy's own exporter, or, as a cross-check, the torch translation). The faster torch layout is
+darkpy's PyTorch peer.
 
 Fairness, in order of what it rules out:
 - **Same environment.** Every worker process (`python -m benchmarks.worker KIND`, see there) gets
@@ -130,7 +130,7 @@ class Options:
     max_busy: float = 0.10              # the machine counts as quiet below this busy share ...
     max_wait_s: float = 10.0            # ... waited for at most this long (then recorded as not quiet)
     infer_batch: int = 64
-    onnx_from: str = "torch"            # which exporter feeds onnxruntime (ONNX_EXPORTERS)
+    onnx_from: str = "darkpy"           # which exporter feeds onnxruntime (ONNX_EXPORTERS)
     darkpy_as: str = "command"          # "command": the darkpy worker sets what `darkpy` sets; "library"
     contenders: tuple = ("darkpy", "torch", "torch-cl", "onnxruntime")
     tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="darkpy-bench-")))

@@ -2,10 +2,14 @@
 
 An exporter is a function `(phase, path, outputs)` that writes the network of `phase` (an
 `engine.Phase`: its `spec`, `prep` with the weights file, `batch`) at the phase's batch as an ONNX
-file at `path`, whose outputs are, in order, the darkpy layers `outputs` (the heads and the logits
-feeding a softmax head: what the output check compares), and its one input the image batch. It
-raises `engine.Unavailable` when it cannot. It runs when the phase starts, before any sample (the
-torch export in a worker session of its own), never beside one.
+file at `path` whose outputs include `layer<i>` for each darkpy layer i of `outputs` (the heads
+and the logits feeding a softmax head: what the output check compares; the ONNX Runtime worker runs
+those outputs, by name, and nothing else), and its one input `input`, the image batch. It raises
+`engine.Unavailable` when it cannot. It runs when the phase starts, before any sample (the torch
+export in a worker session of its own), never beside one.
+
+`darkpy` (the default) is darkpy's own exporter, the model `darkpy export` writes; `torch` exports
+the torch translation with torch.onnx.export (a cross-check of the exporter, not the normal source).
 """
 from __future__ import annotations
 
@@ -23,14 +27,12 @@ def onnx_via_torch(phase: Phase, path: str, outputs: list[int]) -> str:
 
 
 def onnx_via_darkpy(phase: Phase, path: str, outputs: list[int]) -> str:
-    """darkpy's own exporter (darkpy.export_onnx, being written elsewhere). The hook calls
-    `export_onnx(net, path)` on the network at the phase's batch; its outputs must be, in order,
-    the layers `outputs` (the heads and softmax logits). Adjust this call to the exporter's API."""
-    import darkpy
-
-    export = getattr(darkpy, "export_onnx", None)
-    if export is None:
-        raise Unavailable("darkpy.export_onnx does not exist yet (use --onnx-from torch)")
+    """darkpy's exporter (`darkpy.export_onnx`, BN folded, raw heads) on the network at the phase's
+    batch, with `layers=outputs`: each compared layer also as the output `layer<i>`."""
+    try:
+        from darkpy.export import export_onnx
+    except ImportError as e:
+        raise Unavailable(f"darkpy's exporter needs onnx ({e})") from None
     from darkpy.cfg import CfgWarning, load_cfg
     from darkpy.network import Network
 
@@ -41,9 +43,9 @@ def onnx_via_darkpy(phase: Phase, path: str, outputs: list[int]) -> str:
         warnings.simplefilter("ignore", CfgWarning)
         net = Network(doc, batch=phase.batch)
     net.load_weights(phase.prep.weights)
-    export(net, path)
+    export_onnx(net, path, layers=outputs)
     return path
 
 
 #: Where onnxruntime's model comes from: `--onnx-from NAME`.
-ONNX_EXPORTERS = {"torch": onnx_via_torch, "darkpy": onnx_via_darkpy}
+ONNX_EXPORTERS = {"darkpy": onnx_via_darkpy, "torch": onnx_via_torch}

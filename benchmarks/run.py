@@ -93,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-batch", type=int, help="batch of the training step for cfgs given by path")
     ap.add_argument("--contenders", default="darkpy,torch,torch-cl,onnxruntime",
                     help="comma-separated subset of darkpy,torch,torch-cl,onnxruntime (darkpy always runs)")
-    ap.add_argument("--onnx-from", choices=sorted(ONNX_EXPORTERS), default="torch",
-                    help="where onnxruntime's model comes from (default: the torch translation)")
+    ap.add_argument("--onnx-from", choices=sorted(ONNX_EXPORTERS), default="darkpy",
+                    help="where onnxruntime's model comes from (default: darkpy's exporter; torch: the "
+                         "torch translation, as a cross-check)")
     ap.add_argument("--darkpy-as", choices=["command", "library"], default="command",
                     help="command: darkpy's worker sets what the `darkpy` command sets for itself (default); "
                          "library: nothing")

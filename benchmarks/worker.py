@@ -293,7 +293,10 @@ class OrtRunner:
         self.ort = ort
         self.sess = ort.InferenceSession(job["onnx"], so, providers=["CPUExecutionProvider"])
         self.input_name = self.sess.get_inputs()[0].name
-        self.names = [o.name for o in self.sess.get_outputs()]
+        self.names = [f"layer{i}" for i in job["onnx_outputs"]]   # the compared layers (onnx_models.py)
+        missing = set(self.names) - {o.name for o in self.sess.get_outputs()}
+        if missing:
+            raise RuntimeError(f"the ONNX model has no output {sorted(missing)}")
         self.x = np.load(job["input"])
         self.job = job
         self.options = {"intra_op_num_threads": so.intra_op_num_threads, "inter_op_num_threads": 1,

@@ -44,8 +44,11 @@ def engine_option(fn):
 @click.option("--data", "data", type=click.Path(dir_okay=False),
               help="The .data file, or a .names file, for the class names in the metadata.")
 @click.option("--no-letterbox", is_flag=True, help="Record that images are stretched, not letterboxed.")
+@click.option("--layer-output", "layer_outputs", type=int, multiple=True, metavar="N",
+              help="Also output layer N's output as `layerN` (e.g. the logits before a final [softmax]); "
+                   "repeatable.")
 def export_command(cfg, weights, out, width, height, batch, dynamic_batch, opset, heads, nms, fp16, no_fold,
-                   data, no_letterbox):
+                   data, no_letterbox, layer_outputs):
     """Export CFG with WEIGHTS to the ONNX file OUT."""
     from .cfg import load_cfg
     from .errors import DarkpyError, DataError
@@ -73,6 +76,7 @@ def export_command(cfg, weights, out, width, height, batch, dynamic_batch, opset
             from .train import class_names, load_data_config
             names = class_names(load_data_config(data))
     export_onnx(net, out, batch=batch, dynamic_batch=dynamic_batch, opset=opset, heads=heads, nms=nms,
-                fp16=fp16, fold=not no_fold, names=names, letterbox=False if no_letterbox else None)
+                fp16=fp16, fold=not no_fold, names=names, letterbox=False if no_letterbox else None,
+                layers=layer_outputs)
     click.echo(f"{out}: {net.file} exported ({'nms' if nms else heads} heads, input "
                f"{'x'.join(map(str, net.input_shape))})")

@@ -435,6 +435,25 @@ def test_nms_export_on_bundled_shapes_tiny(tmp_path):
     assert found
 
 
+def test_layer_outputs_add_the_logits_before_the_softmax():
+    """`layers=`: named intermediate outputs `layer<i>` after the heads (the benchmark's ONNX Runtime
+    contender compares the logits feeding digits' final [softmax], not the saturated softmax)."""
+    net = load_network(ROOT / "cfg" / "digits.cfg", batch=3)
+    x = np.random.default_rng(2).random((3, *net.input_shape), dtype=np.float32)
+    ec.randomize(net, x)
+    net.forward(x)
+    model = export_onnx(net, layers=[6, -1, 6])
+    assert [o.name for o in model.graph.output] == ["output", "layer6", "layer7"]
+    out, logits, last = _run(model, x)
+    assert logits.shape == (3, 10, 1, 1) and ec.rel_err(logits, net.layers[6].output) <= 1e-5
+    assert ec.rel_err(out, net.layers[7].output) <= 1e-5 and np.array_equal(out, last)
+    assert not np.allclose(logits, out)             # a real intermediate, not the softmax again
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert json.loads(meta["outputs"])["layer6"] == "layer 6 [avgpool] output (batch, 10, 1, 1)"
+    with pytest.raises(ExportError, match=r"^--layer-output 8: the network has layers 0\.\.7$"):
+        export_onnx(net, layers=[8])
+
+
 # -- CLI and the engine ------------------------------------------------------------------------------------
 
 def _tiny_files(tmp_path):
@@ -453,10 +472,10 @@ def test_cli_export_and_engine(tmp_path):
     cfg, weights = _tiny_files(tmp_path)
     out = tmp_path / "tiny.onnx"
     r = CliRunner().invoke(main, ["export", str(cfg), str(weights), str(out), "--nms", "--dynamic-batch",
-                                  "--opset", "18"])
+                                  "--opset", "18", "--layer-output", "14"])
     assert r.exit_code == 0, r.output
     m = onnx.load(out)
-    assert [o.name for o in m.graph.output] == ["boxes", "scores", "selected_indices"]
+    assert [o.name for o in m.graph.output] == ["boxes", "scores", "selected_indices", "layer14"]
     dog = str(shared_path("darknet-data", "dog.jpg"))
     runs = []
     for engine in ("darkpy", "onnxruntime"):

@@ -7,7 +7,9 @@ its section (never an approximate graph). Heads: `raw` gives one output per dete
 tensor the [yolo]/[region]/[detection] layer outputs, its activations applied) or the network output
 for other networks; `boxes` gives `boxes` (B, N, 4: x1, y1, x2, y2 relative to the network input) and
 `scores` (B, N, classes: objectness x class probability), `raw+boxes` both; `nms` adds ONNX NonMaxSuppression with
-`iou_threshold`, `score_threshold` and `max_output_boxes_per_class` as graph inputs.
+`iou_threshold`, `score_threshold` and `max_output_boxes_per_class` as graph inputs. `layers`
+adds named intermediate outputs: `layer<i>`, layer i's output as darkpy leaves it (batch, c, h, w)
+(e.g. the logits feeding a final [softmax]), after the heads' outputs.
 
 This package imports onnx; `import darkpy` does not import it (darkpy.export_onnx is lazy).
 """
@@ -37,10 +39,11 @@ def cfg_sha256(net) -> str:
 
 def export_onnx(net, path=None, *, batch: int | None = None, dynamic_batch: bool = False, opset: int | None = None,
                 heads: str = "raw", nms: bool = False, fp16: bool = False, fold: bool = True,
-                names=None, letterbox: bool | None = None):
+                names=None, letterbox: bool | None = None, layers=()):
     """Export `net` (a darkpy Network at its current input size) to ONNX; write it to `path` when
-    given. Returns the onnx.ModelProto. See the module docstring for `heads` and `nms`. `batch`:
-    the fixed batch (default the net's), unless `dynamic_batch`."""
+    given. Returns the onnx.ModelProto. See the module docstring for `heads`, `nms` and `layers`
+    (layer indices whose outputs are added as `layer<i>`). `batch`: the fixed batch (default the
+    net's), unless `dynamic_batch`."""
     import numpy as np
     import onnx
     from onnx import TensorProto
@@ -52,13 +55,14 @@ def export_onnx(net, path=None, *, batch: int | None = None, dynamic_batch: bool
     heads = "boxes" if nms else heads
     batch = net.batch if batch is None else batch
     head_layers = _check_options(net, opset, heads, batch, dynamic_batch)
+    layers = _check_layers(net, layers)
     g = Graph(np.float16 if fp16 else np.float32)
     b = "batch" if dynamic_batch else batch
     g.add_input("input", [b, *net.input_shape])
     x = g.op("Cast", ["input"], "input_fp16", to=TensorProto.FLOAT16) if fp16 else "input"
     ctx = Ctx(g, net, fold=fold, input=(x, tuple(net.input_shape)))
     convert_layers(ctx)
-    layout = _add_outputs(ctx, head_layers, heads, nms, b)
+    layout = _add_outputs(ctx, head_layers, heads, nms, b, layers)
     model = g.model(opset, doc=f"darkpy export of {os.path.basename(str(net.file))}")
     if letterbox is None:
         letterbox = bool(head_layers) and all(getattr(h, "letterbox_boxes", False) for h in head_layers)
@@ -92,7 +96,23 @@ def _check_options(net, opset: int, heads: str, batch: int, dynamic_batch: bool)
     return head_layers
 
 
-def _add_outputs(ctx, head_layers, heads: str, nms: bool, b) -> dict:
+def _check_layers(net, layers) -> list[int]:
+    """The `layers` option as a list of distinct layer indices (negative ones count from the end)."""
+    out = []
+    for i in layers:
+        try:
+            k = int(i)
+        except (TypeError, ValueError):
+            raise ExportError(f"--layer-output {i!r}: expected a layer index") from None
+        if not -len(net.layers) <= k < len(net.layers):
+            raise ExportError(f"--layer-output {k}: the network has layers 0..{len(net.layers) - 1}")
+        k %= len(net.layers)
+        if k not in out:
+            out.append(k)
+    return out
+
+
+def _add_outputs(ctx, head_layers, heads: str, nms: bool, b, layers=()) -> dict:
     """The graph outputs (float32 whatever the compute dtype); returns name -> description."""
     import onnx
     from onnx import TensorProto
@@ -123,6 +143,10 @@ def _add_outputs(ctx, head_layers, heads: str, nms: bool, b) -> dict:
         if nms:
             output("selected_indices", add_nms(g, "boxes", "scores"), ["selected", 3], TensorProto.INT64)
             layout["selected_indices"] = "(batch, class, candidate) rows kept by NonMaxSuppression"
+    for i in layers:
+        layer = ctx.net.layers[i]
+        output(f"layer{i}", ctx.tensors[i][0], [b, *layer.out_shape])
+        layout[f"layer{i}"] = f"layer {i} [{layer.kind}] output (batch, {', '.join(map(str, layer.out_shape))})"
     return layout
 
 
