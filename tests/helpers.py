@@ -103,3 +103,41 @@ def read_f32(path: Path) -> np.ndarray:
 
 def golden_meta(d: Path) -> dict:
     return json.loads((d / "meta.json").read_text())
+
+
+# -- the bundled shapes dataset and detector -----------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+#: cfg/shapes-tiny.cfg's anchors (both [yolo] heads), at its 128 px input
+SHAPES_ANCHORS = (16, 22, 28, 36, 44, 54)
+
+
+def shapes_generator():
+    """data/shapes/generate.py as a module (it is a script, not part of a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("shapes_generate", ROOT / "data" / "shapes" / "generate.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def short_shapes_tiny(path: Path, size: int, iterations: int, net: dict | None = None,
+                      yolo: dict | None = None) -> Path:
+    """cfg/shapes-tiny.cfg for a short test run, written to `path`: input size x size with the
+    anchors scaled to it, `iterations` with burn_in 50 and the steps at 3/4 and 9/10, then any
+    other `[net]` keys of `net` and keys of `yolo` set on both [yolo] heads."""
+    from darkpy.cfg import load_cfg
+    doc = load_cfg(ROOT / "cfg" / "shapes-tiny.cfg")
+    keys = {"width": size, "height": size, "max_batches": iterations, "burn_in": 50,
+            "steps": f"{iterations * 3 // 4},{iterations * 9 // 10}", **(net or {})}
+    for key, value in keys.items():
+        doc.set(f"net.{key}", str(value))
+    anchors = ", ".join(f"{a * size // 128},{a * size // 128}" for a in SHAPES_ANCHORS)
+    for i, sec in enumerate(doc.layers):
+        if sec.kind == "yolo":
+            assert sec.as_dict()["anchors"].replace(" ", "") == ",".join(f"{a},{a}" for a in SHAPES_ANCHORS)
+            doc.set(f"{i}.anchors", anchors)
+            for key, value in (yolo or {}).items():
+                doc.set(f"{i}.{key}", str(value))
+    doc.write(path)
+    return path

@@ -23,6 +23,7 @@ ort = pytest.importorskip("onnxruntime")
 
 import export_cases as ec
 from conftest import ROOT, shared_path
+from helpers import shapes_generator, short_shapes_tiny
 
 from darkpy.cfg import parse_cfg
 from darkpy.export import ExportError, export_onnx
@@ -370,11 +371,11 @@ def test_metadata(tmp_path):
     assert m.opset_import[0].version == 17
 
 
-def _nms_detections(net, img, thresh, nms_thresh, letterbox):
-    """Detections from the --nms export: {(class, rounded pixel corners)}."""
+def _nms_detections(net, img, thresh, nms_thresh, letterbox, model=None):
+    """Detections from the --nms export (`model`, default: exported here): {(class, rounded pixel corners)}."""
     from darkpy import detect
     from darkpy.layers.yolo import letterbox_correct
-    model = export_onnx(net, nms=True)
+    model = export_onnx(net, nms=True) if model is None else model
     x = detect.prepare_image(img, net, letterbox)[None]
     boxes, scores, sel = _run(model, x, iou_threshold=np.array(nms_thresh, np.float32),
                               score_threshold=np.array(thresh, np.float32),
@@ -415,13 +416,8 @@ def test_nms_export_gives_darkpy_detect_boxes_on_dog(letterbox):
 
 def test_nms_export_on_bundled_shapes_tiny(tmp_path):
     """cfg/shapes-tiny.cfg (random, well-scaled weights) on generated shapes images."""
-    import importlib.util
-
     from darkpy import images as im
-    spec = importlib.util.spec_from_file_location("shapes_generate", ROOT / "data" / "shapes" / "generate.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    gen.generate(tmp_path / "shapes", n=3, size=128, seed=1)
+    shapes_generator().generate(tmp_path / "shapes", n=3, size=128, seed=1)
     net = load_network(ROOT / "cfg" / "shapes-tiny.cfg", batch=1)
     rng = np.random.default_rng(5)
     x = rng.random((1, *net.input_shape), dtype=np.float32)
@@ -517,21 +513,14 @@ def test_readme_script_runs_without_darkpy_and_finds_darkpys_detections(tmp_path
     """The README's plain-onnxruntime script, on a --nms export of cfg/shapes-tiny.cfg (random,
     well-scaled weights) and a generated 128x128 shapes image: the same classes and pixel boxes as
     darkpy's detection (thresh 0.25, NMS 0.45)."""
-    import importlib.util
-    import re
     import subprocess
     import sys
 
     from darkpy import detect
     from darkpy import images as im
-    text = (ROOT / "README.md").read_text()
-    script = re.search(r"<!-- onnx-script -->\n```python\n(.*?)```", text, re.DOTALL)[1]
-    assert len(script.strip().splitlines()) <= 15 and "darkpy" not in script.replace("`darkpy export", "")
+    script = _readme_script()
     (tmp_path / "detect_onnx.py").write_text(script)
-    spec = importlib.util.spec_from_file_location("gen", ROOT / "data" / "shapes" / "generate.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    gen.generate(tmp_path / "shapes", n=2, size=128, seed=2)
+    shapes_generator().generate(tmp_path / "shapes", n=2, size=128, seed=2)
     net = load_network(ROOT / "cfg" / "shapes-tiny.cfg", batch=1)
     rng = np.random.default_rng(4)
     ec.randomize(net, rng.random((1, *net.input_shape), dtype=np.float32))
@@ -564,6 +553,137 @@ def test_readme_script_runs_without_darkpy_and_finds_darkpys_detections(tmp_path
         assert got == want, img_path
         total += len(want)
     assert total
+
+
+def _readme_script() -> str:
+    """The README's plain-onnxruntime detector script (checked: at most 15 lines, no darkpy)."""
+    import re
+    text = (ROOT / "README.md").read_text()
+    script = re.search(r"<!-- onnx-script -->\n```python\n(.*?)```", text, re.DOTALL)[1]
+    assert len(script.strip().splitlines()) <= 15 and "darkpy" not in script.replace("`darkpy export", "")
+    return script
+
+
+@pytest.mark.parametrize("size", [(64, 64), (96, 80), (80, 96), (50, 41), (200, 37), (1, 9), (64, 1)])
+@pytest.mark.parametrize("letterbox", [True, False])
+def test_readme_script_prepares_images_exactly_as_darkpy(tmp_path, monkeypatch, size, letterbox):
+    """The script's preprocessing (8-bit RGB decode, Darknet's letterbox sizes and its corner-aligned
+    float32 linear resize, 0.5 fill) is bit-identical to darkpy detect's: up- and downscaling,
+    both orientations, 1-pixel sides, stretched (`letterbox=0`) too."""
+    import sys
+
+    from PIL import Image
+
+    from darkpy import detect
+    from darkpy import images as im
+    script = _readme_script()
+    prefix = script[:script.index("boxes, scores, keep")]          # everything up to the session run
+    net = load_network(ROOT / "cfg" / "shapes-tiny.cfg", batch=1)
+    model = tmp_path / "s.onnx"
+    export_onnx(net, model, nms=True, letterbox=letterbox)
+    w, h = size
+    pixels = np.random.default_rng(w * 1000 + h).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "i.png")
+    monkeypatch.setattr(sys, "argv", ["detect_onnx.py", str(model), str(tmp_path / "i.png")])
+    scope: dict = {}
+    exec(compile(prefix, "detect_onnx.py", "exec"), scope)
+    want = detect.prepare_image(im.load_image(tmp_path / "i.png", 3), net, letterbox)[None]
+    assert scope["x"].dtype == np.float32 and np.array_equal(scope["x"], want)
+
+
+@pytest.fixture(scope="module")
+def trained_shapes(tmp_path_factory):
+    """cfg/shapes-tiny.cfg trained by `darkpy train`, shortened to what gives confident detections:
+    64 px (helpers.short_shapes_tiny), 48 generated images, 180 iterations of 16 without
+    augmentation (it learns those images; 35 s at load 9 on 2 cores), seed 1. Then `darkpy export --heads boxes
+    --nms`, and test images of other sizes made from training images (letterbox with bars on
+    either side, up- and downscaling, and one at the input size)."""
+    from click.testing import CliRunner
+    from PIL import Image
+
+    from darkpy.cli import main
+    root = tmp_path_factory.mktemp("trained_shapes")
+    train_list, valid_list = shapes_generator().generate(root / "shapes", n=48, size=64, seed=0, valid_fraction=0)
+    names = ROOT / "data" / "shapes.names"
+    data = root / "shapes.data"
+    data.write_text(f"classes=4\ntrain={train_list}\nvalid={train_list}\nnames={names}\nbackup={root / 'backup'}\n")
+    cfg = short_shapes_tiny(root / "shapes-tiny.cfg", 64, 180, net={
+        "batch": 16, "learning_rate": 0.01, "burn_in": 20, "steps": "162,171", "hue": 0, "saturation": 1,
+        "exposure": 1, "flip": 0}, yolo={"jitter": 0})
+    r = CliRunner().invoke(main, ["train", str(cfg), "--data", str(data), "--seed", "1", "--progress", "none"])
+    assert r.exit_code == 0, r.output
+    weights = root / "backup" / "shapes-tiny_final.weights"
+    model = root / "shapes.onnx"
+    r = CliRunner().invoke(main, ["export", str(cfg), str(weights), str(model), "--heads", "boxes", "--nms",
+                                  "--data", str(names)])
+    assert r.exit_code == 0, r.output
+    sources = [Image.open(root / "shapes" / "images" / f"{k:05d}.jpg") for k in range(5)]
+    images = []
+    for k, (src, size) in enumerate(zip(sources, [(96, 80), (64, 64), (80, 112), (48, 40), (150, 120)])):
+        path = root / f"test{k}.png"
+        src.resize(size, Image.BICUBIC).save(path)
+        images.append(path)
+    return cfg, weights, model, images, data
+
+
+def _detect_cli(cfg, weights, images, data) -> list[dict]:
+    """`darkpy detect`'s printed detections (thresh 0.25, NMS 0.45), per image
+    {(class name, left, top, right, bottom): percent}."""
+    import re
+
+    from click.testing import CliRunner
+
+    from darkpy.cli import main
+    r = CliRunner().invoke(main, ["detect", str(cfg), str(weights), *map(str, images), "--no-draw",
+                                  "--data", str(data)])
+    assert r.exit_code == 0, r.output
+    out = []
+    for line in r.output.splitlines():
+        if not line.startswith("  "):
+            out.append({})
+            continue
+        found, box = re.fullmatch(r"  (.*)  box \(left, top, right, bottom\) = \((.*)\)", line).groups()
+        for item in found.split(", "):
+            name, pct = item.split(": ")
+            out[-1][(name, *map(int, box.split(", ")))] = int(pct.rstrip("%"))
+    assert len(out) == len(images), r.output
+    return out
+
+
+@pytest.mark.slow
+def test_trained_shapes_tiny_nms_export_equals_darkpy_detect(trained_shapes):
+    """Trained weights: the `--heads boxes --nms` export keeps darkpy detect's boxes on every image."""
+    from darkpy import images as im
+    cfg, weights, model, images, _ = trained_shapes
+    net = load_network(cfg, weights, batch=1)
+    onnx_model = onnx.load(model)
+    total = 0
+    for path in images:
+        img = im.load_image(path, 3)
+        mine = _darkpy_detections(net, img, 0.25, 0.45, True)
+        assert mine == _nms_detections(net, img, 0.25, 0.45, True, model=onnx_model), path
+        total += len(mine)
+    assert total >= len(images), "too few detections for the comparison to mean much"
+
+
+@pytest.mark.slow
+def test_readme_round_trip_on_trained_shapes_tiny(trained_shapes, tmp_path):
+    """The README's round trip: the trained export run by the 15-line script with plain onnxruntime
+    (no darkpy on the path) prints `darkpy detect`'s detections: classes, scores to 2 decimals and
+    pixel boxes, on images that are letterboxed and resized."""
+    import subprocess
+    import sys
+    cfg, weights, model, images, data = trained_shapes
+    (tmp_path / "detect_onnx.py").write_text(_readme_script())
+    want_all = _detect_cli(cfg, weights, images, data)
+    for path, want in zip(images, want_all):
+        out = subprocess.run([sys.executable, "detect_onnx.py", str(model), str(path)], cwd=tmp_path,
+                             capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin"})
+        got = {(f[0], *map(int, f[2:])): float(f[1]) for f in map(str.split, out.stdout.splitlines())}
+        assert got.keys() == want.keys(), path          # the same classes and pixel boxes
+        for key, score in got.items():                   # 2 decimals against darkpy's whole percent
+            assert abs(score * 100 - want[key]) <= 1, (path, key, score, want[key])
+    assert sum(map(len, want_all)) >= len(images)
 
 
 def test_predict_with_the_onnxruntime_engine_matches_darkpy(tmp_path):

@@ -4,7 +4,6 @@ run of cfg/shapes-tiny.cfg beats a stated mAP on held-out images."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import math
 from pathlib import Path
 
@@ -13,18 +12,12 @@ import pytest
 
 from darkpy.datasets import label_path_for, read_box_labels, read_names
 from darkpy.network import check_cfg, load_network
+from helpers import shapes_generator, short_shapes_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("shapes_generate", ROOT / "data" / "shapes" / "generate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gen = _generator()
+gen = shapes_generator()
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -101,7 +94,6 @@ SHORT_RUN_MAP = 0.10
 def test_short_seeded_training_run_beats_stated_map(tmp_path):
     """cfg/shapes-tiny.cfg at half resolution (64×64 images and input, anchors halved), 800 generated
     images, 300 iterations of 32 (about a minute on 2 idle cores), seed 1."""
-    from darkpy.cfg import load_cfg
     from darkpy.detect import evaluate_map
     from darkpy.train import train
 
@@ -111,17 +103,7 @@ def test_short_seeded_training_run_beats_stated_map(tmp_path):
     data = tmp_path / "shapes.data"
     data.write_text(f"classes=4\ntrain={out / 'train.list'}\nvalid={out / 'valid.list'}\n"
                     f"names={ROOT / 'data' / 'shapes.names'}\nbackup={tmp_path / 'backup'}\n")
-    doc = load_cfg(ROOT / "cfg" / "shapes-tiny.cfg")
-    for key, value in (("width", size), ("height", size), ("max_batches", iterations), ("burn_in", 50),
-                       ("steps", f"{iterations * 3 // 4},{iterations * 9 // 10}")):
-        doc.set(f"net.{key}", str(value))
-    anchors = ", ".join(f"{a // 2},{a // 2}" for a in (16, 22, 28, 36, 44, 54))
-    for i, sec in enumerate(doc.layers):
-        if sec.kind == "yolo":
-            assert sec.as_dict()["anchors"].replace(" ", "") == "16,16,22,22,28,28,36,36,44,44,54,54"
-            doc.set(f"{i}.anchors", anchors)
-    cfg = tmp_path / "shapes-tiny.cfg"
-    doc.write(cfg)
+    cfg = short_shapes_tiny(tmp_path / "shapes-tiny.cfg", size, iterations)
     result = train(cfg, data=data, seed=1)
     assert result.iteration == iterations
     r = evaluate_map(load_network(cfg, result.weights, batch=16), data)
