@@ -7,7 +7,11 @@
   re-checked.
 - Small networks exercise what the shared cfgs do not (every activation, maxpool padding rules,
   shortcut resampling, reorg variants, softmax groups, lrn, ...), each against darkpy's forward.
-- Dynamic batch 1 and 7, fp16, --no-fold, NMS against `darkpy detect`, the CLI and `--engine`.
+- Dynamic batch 1 and 7, fp16, --no-fold, NMS against `darkpy detect`, the CLI and `--engine`,
+  `layers=` (named intermediate outputs).
+- The README's plain-onnxruntime script: its network input is bit-identical to darkpy's; and, with
+  a shapes-tiny trained by `darkpy train` (slow), the --nms export and the script give `darkpy
+  detect`'s detections.
 """
 from __future__ import annotations
 
@@ -564,12 +568,7 @@ def _readme_script() -> str:
     return script
 
 
-@pytest.mark.parametrize("size", [(64, 64), (96, 80), (80, 96), (50, 41), (200, 37), (1, 9), (64, 1)])
-@pytest.mark.parametrize("letterbox", [True, False])
-def test_readme_script_prepares_images_exactly_as_darkpy(tmp_path, monkeypatch, size, letterbox):
-    """The script's preprocessing (8-bit RGB decode, Darknet's letterbox sizes and its corner-aligned
-    float32 linear resize, 0.5 fill) is bit-identical to darkpy detect's: up- and downscaling,
-    both orientations, 1-pixel sides, stretched (`letterbox=0`) too."""
+def _script_input_equals_darkpys(tmp_path, monkeypatch, size, letterbox, mode="RGB"):
     import sys
 
     from PIL import Image
@@ -582,13 +581,33 @@ def test_readme_script_prepares_images_exactly_as_darkpy(tmp_path, monkeypatch, 
     model = tmp_path / "s.onnx"
     export_onnx(net, model, nms=True, letterbox=letterbox)
     w, h = size
-    pixels = np.random.default_rng(w * 1000 + h).integers(0, 256, (h, w, 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(tmp_path / "i.png")
+    pixels = np.random.default_rng(w * 1000 + h).integers(0, 256, (h, w, 4), dtype=np.uint8)
+    pic = Image.fromarray(pixels, "RGBA")
+    if mode == "P":
+        pic = pic.convert("RGB").quantize(64)
+    elif mode != "RGBA":
+        pic = pic.convert(mode)
+    pic.save(tmp_path / "i.png")
+    assert Image.open(tmp_path / "i.png").mode == mode
     monkeypatch.setattr(sys, "argv", ["detect_onnx.py", str(model), str(tmp_path / "i.png")])
     scope: dict = {}
     exec(compile(prefix, "detect_onnx.py", "exec"), scope)
     want = detect.prepare_image(im.load_image(tmp_path / "i.png", 3), net, letterbox)[None]
     assert scope["x"].dtype == np.float32 and np.array_equal(scope["x"], want)
+
+
+@pytest.mark.parametrize("size", [(64, 64), (96, 80), (80, 96), (50, 41), (200, 37), (1, 9), (64, 1)])
+@pytest.mark.parametrize("letterbox", [True, False])
+def test_readme_script_prepares_images_exactly_as_darkpy(tmp_path, monkeypatch, size, letterbox):
+    """The script's preprocessing (8-bit RGB decode, Darknet's letterbox sizes and its corner-aligned
+    float32 linear resize, 0.5 fill) is bit-identical to darkpy detect's: up- and downscaling,
+    both orientations, 1-pixel sides, stretched (`letterbox=0`) too."""
+    _script_input_equals_darkpys(tmp_path, monkeypatch, size, letterbox)
+
+
+@pytest.mark.parametrize("mode", ["L", "P", "RGBA"])
+def test_readme_script_decodes_grey_palette_and_alpha_images_as_darkpy(tmp_path, monkeypatch, mode):
+    _script_input_equals_darkpys(tmp_path, monkeypatch, (90, 70), True, mode)
 
 
 @pytest.fixture(scope="module")
