@@ -59,6 +59,42 @@ def test_random_truth_is_read_by_darkpy_as_boxes(tmp_path):
                                   np.eye(3, dtype=np.float32)[labels])
 
 
+def test_onnxruntime_contender_runs_darkpys_export_of_the_compared_layers(tmp_path):
+    """The default ONNX Runtime model is darkpy's own export (onnx_models.onnx_via_darkpy) with the
+    compared layers as outputs `layer<i>`; the worker runs those by name and they pass the check."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    pytest.importorskip("onnxruntime")
+    from benchmarks.onnx_models import ONNX_EXPORTERS, onnx_via_darkpy
+    from benchmarks.worker import OrtRunner
+    from darkpy.network import load_network
+
+    assert engine.Options().onnx_from == "darkpy" and ONNX_EXPORTERS["darkpy"] is onnx_via_darkpy
+    cfg = Path(__file__).resolve().parents[1] / "cfg" / "digits.cfg"
+    net = load_network(cfg, batch=3)
+    engine.sane_weights(net.layers)
+    net.save_weights(tmp_path / "d.weights")
+    x = np.random.default_rng(1).random((3, *net.input_shape), dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    net.forward(x)
+    np.savez(tmp_path / "ref.npz", **{str(i): net.layers[i].output.reshape(3, -1) for i in range(len(net.layers))})
+    outputs = check_picks([layer.kind for layer in net.layers], [len(net.layers) - 1])
+    assert outputs == [6, 7]                                     # the logits under the softmax, and the softmax
+    prep = SimpleNamespace(weights=str(tmp_path / "d.weights"))
+    phase = SimpleNamespace(spec=engine.NetSpec("digits", cfg), prep=prep, batch=3)
+    onnx_via_darkpy(phase, str(tmp_path / "d.onnx"), outputs)
+    job = {"mode": "infer", "threads": 1, "onnx": str(tmp_path / "d.onnx"), "input": str(tmp_path / "x.npy"),
+           "onnx_outputs": outputs}
+    runner = OrtRunner(job)
+    assert runner.names == ["layer6", "layer7"]
+    runner.check(str(tmp_path / "ort.npz"), False)
+    c = engine.compare(str(tmp_path / "ref.npz"), str(tmp_path / "ort.npz"))
+    assert c["ok"] and c["outputs_compared"] == 2 and c["max_rel_err"] < 1e-5, c
+    with pytest.raises(RuntimeError, match="no output"):
+        OrtRunner({**job, "onnx_outputs": [5, 6]})
+
+
 class FakeWorker:
     """Stands in for a worker process: records how many are alive at once."""
     alive = 0

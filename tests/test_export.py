@@ -622,7 +622,7 @@ def trained_shapes(tmp_path_factory):
 
     from darkpy.cli import main
     root = tmp_path_factory.mktemp("trained_shapes")
-    train_list, valid_list = shapes_generator().generate(root / "shapes", n=48, size=64, seed=0, valid_fraction=0)
+    train_list, _ = shapes_generator().generate(root / "shapes", n=48, size=64, seed=0, valid_fraction=0)
     names = ROOT / "data" / "shapes.names"
     data = root / "shapes.data"
     data.write_text(f"classes=4\ntrain={train_list}\nvalid={train_list}\nnames={names}\nbackup={root / 'backup'}\n")

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import shapes_generator, short_shapes_tiny
 
 from darkpy.datasets import label_path_for, read_box_labels, read_names
 from darkpy.network import check_cfg, load_network
-from helpers import shapes_generator, short_shapes_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 
