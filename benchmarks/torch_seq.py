@@ -56,7 +56,8 @@ def seq_specs(layers) -> list[dict]:
             if layer.batch_normalize or layer.activation not in ("linear", "gelu", "gelu_tanh", "relu"):
                 raise Unsupported(f"[connected] {layer.activation} / batch_normalize")
             d.update(inputs=layer.inputs, n=layer.n, activation=layer.activation,
-                     weights=np.array(layer.weights.value), biases=np.array(layer.biases.value))
+                     weights=np.array(layer.weights.value), biases=np.array(layer.biases.value),
+                     tie=getattr(layer, "tied", None))
         elif kind == "shortcut":
             if len(layer.sources) != 1 or layer.activation != "linear":
                 raise Unsupported("[shortcut] with several sources or an activation")
@@ -105,8 +106,12 @@ class TorchSeqNet(nn.Module):
                 self.extra[i] = (d["causal"], d["pad"])
             elif kind == "connected":
                 m.fc = nn.Linear(d["inputs"], d["n"], dtype=dtype)
-                m.fc.weight, m.fc.bias = _p(d["weights"], dtype), _p(d["biases"], dtype)
-                self.decay_params.append(m.fc.weight)
+                m.fc.bias = _p(d["biases"], dtype)
+                if d.get("tie") is not None:             # the embedding's table itself (not decayed)
+                    m.fc.weight = self.mods[d["tie"]].emb.weight
+                else:
+                    m.fc.weight = _p(d["weights"], dtype)
+                    self.decay_params.append(m.fc.weight)
                 self.extra[i] = d["activation"]
             elif kind == "shortcut":
                 self.extra[i] = d["source"]

@@ -59,6 +59,7 @@ activation=linear
 [connected]
 output={V}
 activation=linear
+{{tie}}
 
 [crossentropy]
 ignore_index=-1
@@ -66,8 +67,8 @@ label_smoothing={{smooth}}
 """
 
 
-def _nets(clip=0.0, positions="learned", pad=0, act="gelu", smooth=0.1):
-    net = network_from_text(CFG.format(clip=clip, positions=positions, pad=pad, act=act, smooth=smooth),
+def _nets(clip=0.0, positions="learned", pad=0, act="gelu", smooth=0.1, tie=""):
+    net = network_from_text(CFG.format(clip=clip, positions=positions, pad=pad, act=act, smooth=smooth, tie=tie),
                             dtype=np.float64, seed=4)
     rng = np.random.default_rng(1)
     for layer in net.layers:                   # non-trivial LN gains and biases
@@ -86,9 +87,10 @@ def _darkpy_step(net, ids, tgt):
     net.backward()
 
 
-@pytest.mark.parametrize("act,positions", [("gelu", "learned"), ("gelu_tanh", "sinusoidal")])
-def test_forward_and_gradients_equal_torch(act, positions):
-    net, tnet, ids, tgt = _nets(act=act, positions=positions)
+@pytest.mark.parametrize("act,positions,tie", [("gelu", "learned", ""), ("gelu_tanh", "sinusoidal", ""),
+                                              ("gelu", "learned", "tie=0")])
+def test_forward_and_gradients_equal_torch(act, positions, tie):
+    net, tnet, ids, tgt = _nets(act=act, positions=positions, tie=tie)
     _darkpy_step(net, ids, tgt)
     tid, ttg = torch.tensor(ids.T), torch.tensor(tgt.T)
     loss = tnet.loss(tid, ttg, 1)
@@ -109,14 +111,15 @@ def _param_pairs(net, tnet):
                "layernorm": lambda: [m.ln.bias, m.ln.weight],
                "attention": lambda: [m.mha.in_proj_weight, m.mha.in_proj_bias, m.mha.out_proj.weight,
                                      m.mha.out_proj.bias],
-               "connected": lambda: [m.fc.bias, m.fc.weight]}.get(layer.kind, lambda: [])()
+               "connected": lambda: [m.fc.bias] + ([m.fc.weight] if layer.tied is None else [])}.get(layer.kind, lambda: [])()
         assert len(tps) == len(layer.params), layer.kind
         out += [(f"{layer.index} {layer.kind} {p.name}", p, tp) for p, tp in zip(layer.params, tps)]
     return out
 
 
-def test_clipped_adamw_steps_equal_torch():
-    net, tnet, ids, tgt = _nets(clip=0.05)
+@pytest.mark.parametrize("tie", ["", "tie=0"])
+def test_clipped_adamw_steps_equal_torch(tie):
+    net, tnet, ids, tgt = _nets(clip=0.05, tie=tie)
     B = net.config.full_batch
     opt = tnet.optimizer(net.config, 0.01)
     tid, ttg = torch.tensor(ids.T), torch.tensor(tgt.T)
