@@ -199,58 +199,58 @@ def bias_act_forward_rows(y, pre, biases, act, keep_pre):
 
 
 @vjit
-def _grad_sum_cols(d, y, pre, acc, a):
-    """d: (B, c) in place *= act' (from y, or pre for the activations that need it); acc: (c,)
-    float64 += each column's products, unrounded and in row order (as `_grad_row` sums them)."""
-    nb, n = d.shape
-    for b in range(nb):
-        dr, yr, pr = d[b], y[b], pre[b]
-        if a == LINEAR:
-            for j in range(n):
-                acc[j] += dr[j]
-        elif a == LEAKY:
-            for j in range(n):
-                v = dr[j] if yr[j] > 0 else 0.1 * dr[j]
-                dr[j] = v
-                acc[j] += v
-        elif a == RELU:
-            for j in range(n):
-                v = dr[j] if yr[j] > 0 else 0.0
-                dr[j] = v
-                acc[j] += v
-        elif a == LOGISTIC:
-            for j in range(n):
-                v = dr[j] * yr[j] * (1 - yr[j])
-                dr[j] = v
-                acc[j] += v
-        elif a == GELU_F32:
-            for j in range(n):
-                v = dr[j] * gelu_f32_grad(pr[j])
-                dr[j] = v
-                acc[j] += v
-        else:
-            for j in range(n):
-                v = dr[j] * _grad(yr[j], pr[j], a)
-                dr[j] = v
-                acc[j] += v
+def _grad_sum_row(d, y, pre, acc, a):
+    """One row (or a span of it), all (c,): d *= act' (from y, or pre for the activations that need
+    it); acc: float64 += the products, unrounded (as `_grad_row` sums them)."""
+    n = d.shape[0]
+    if a == LINEAR:
+        for j in range(n):
+            acc[j] += d[j]
+    elif a == LEAKY:
+        for j in range(n):
+            v = d[j] if y[j] > 0 else 0.1 * d[j]
+            d[j] = v
+            acc[j] += v
+    elif a == RELU:
+        for j in range(n):
+            v = d[j] if y[j] > 0 else 0.0
+            d[j] = v
+            acc[j] += v
+    elif a == LOGISTIC:
+        for j in range(n):
+            v = d[j] * y[j] * (1 - y[j])
+            d[j] = v
+            acc[j] += v
+    elif a == GELU_F32:
+        for j in range(n):
+            v = d[j] * gelu_f32_grad(pre[j])
+            d[j] = v
+            acc[j] += v
+    else:
+        for j in range(n):
+            v = d[j] * _grad(y[j], pre[j], a)
+            d[j] = v
+            acc[j] += v
 
 
 @pjit
 def bias_act_backward_rows(delta, y, pre, bias_grad, acc, act):
     """delta: (B, C) gradient w.r.t. the activated output, in place -> w.r.t. the raw product;
     y: (B, C) activated output; pre: (B, C) pre-activation (or any (B, C) array when the activation
-    does not need it); bias_grad: (C,) += Σ over rows; acc: (C,) float64 scratch. Parallel over
-    blocks of 64 units."""
-    nc = delta.shape[1]
+    does not need it); bias_grad: (C,) += Σ over rows (in row order, float64, as the (B, C, S)
+    kernel); acc: (C,) float64 scratch. Parallel over spans of 64 units, rows in order within each."""
+    nb, nc = delta.shape
     acc[:] = 0.0
     block = 64
     if delta.size < PARALLEL_MIN:
-        _grad_sum_cols(delta, y, pre, acc, act)
+        for b in range(nb):
+            _grad_sum_row(delta[b], y[b], pre[b], acc, act)
     else:
         for k in prange((nc + block - 1) // block):
             lo = k * block
             hi = min(lo + block, nc)
-            _grad_sum_cols(delta[:, lo:hi], y[:, lo:hi], pre[:, lo:hi], acc[lo:hi], act)
+            for b in range(nb):
+                _grad_sum_row(delta[b, lo:hi], y[b, lo:hi], pre[b, lo:hi], acc[lo:hi], act)
     for j in range(nc):
         bias_grad[j] += acc[j]
 
