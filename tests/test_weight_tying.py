@@ -7,10 +7,10 @@ import re
 
 import numpy as np
 import pytest
+from helpers import assert_close, numerical_grad
 
 from darkpy.errors import CfgError
 from darkpy.network import network_from_text
-from helpers import assert_close, numerical_grad
 
 T, S, V, D = 4, 2, 10, 6
 

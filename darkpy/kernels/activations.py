@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 from numba import prange
 
 from . import PARALLEL_MIN, jit, pjit, vjit

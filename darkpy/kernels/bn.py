@@ -25,8 +25,22 @@ import math
 from numba import prange
 
 from . import PARALLEL_MIN, jit, pjit, vjit
-from .activations import (GELU, GELU_F32, GELU_TANH, HARD_MISH, LEAKY, LINEAR, LOGISTIC, MISH, RELU, SWISH,
-                          _act, _grad, gelu_f32, gelu_f32_grad)
+from .activations import (
+    GELU,
+    GELU_F32,
+    GELU_TANH,
+    HARD_MISH,
+    LEAKY,
+    LINEAR,
+    LOGISTIC,
+    MISH,
+    RELU,
+    SWISH,
+    _act,
+    _grad,
+    gelu_f32,
+    gelu_f32_grad,
+)
 
 EPS = 1e-5              # inside the square root (darkpy, cuDNN, Darknet GPU, AlexeyAB)
 DARKNET_CPU_EPS = 1e-6  # outside the square root (pjreddie CPU forward)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 from numba import prange
 
 from ..errors import StateError
@@ -166,20 +165,9 @@ class AttentionLayer(Layer):
                              f"ids (inputs=1)")
         return np.ascontiguousarray((s.net.input.reshape(T, S).T == self.pad).astype(np.uint8))
 
-    def mask(self, s: State) -> np.ndarray | None:
-        """(S, 1, T, T) bool, True where a key is hidden from a query; None without masks."""
-        T, S = self.steps, self.batch // self.steps
-        m = np.zeros((S, 1, T, T), bool)
-        if self.causal:
-            m |= np.triu(np.ones((T, T), bool), 1)[None, None]
-        if self.pad >= 0:
-            m |= self.key_mask(s).astype(bool)[:, None, None, :]
-        return m if (self.causal or self.pad >= 0) else None
-
     # -- compute ---------------------------------------------------------------------------------------
     def forward(self, s: State) -> None:
-        T, H, D = self.steps, self.heads, self.dim
-        S, dh = self.batch // T, D // H
+        D, dh = self.dim, self.dim // self.heads
         x = s.input.reshape(self.batch, D)                                         # time-major rows
         qkv = x @ self.weights.value.T                                             # (T·S, 3D)
         qkv += self.biases.value
@@ -210,8 +198,7 @@ class AttentionLayer(Layer):
         if not self._cache:
             raise StateError(f"layer {self.index} [attention]: backward needs a training forward first")
         c = self._cache
-        T, H, D = self.steps, self.heads, self.dim
-        dh = D // H
+        D, dh = self.dim, self.dim // self.heads
         dy = self.delta.reshape(self.batch, D)
         self.out_biases.grad += dy.sum(axis=0)
         self.out_weights.grad += dy.T @ c["o"]
