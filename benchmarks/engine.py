@@ -193,6 +193,11 @@ class Prepared:
     detector: dict | None               # yolo heads: what random truth needs (max boxes, classes)
     momentum: float
     decay: float
+    seq: dict | None = None             # sequence nets: time_steps, vocabulary, optimiser keys
+
+
+#: Sections that make a network a sequence model (token ids in, `torch_seq.py` on the torch side).
+SEQ_KINDS = ("embedding", "attention", "crossentropy")
 
 
 #: Learning rate of the timed training steps (both frameworks): small, so that many steps on random
@@ -219,15 +224,22 @@ def prepare(spec: NetSpec, opts: Options) -> Prepared:
     base = opts.tmp / spec.name
     weights = f"{base}.weights"
     save_weights(SimpleNamespace(layers=layers, seen=0), weights)
-    spec_path, unsupported, train_unsupported = translate(layers, f"{base}.torch.pkl")
+    seq = None
+    if any(l.kind in SEQ_KINDS for l in layers):
+        seq = {"steps": config.time_steps, "vocab": layers[-1].outputs,
+               "opt": {k: float(getattr(config, k)) for k in ("B1", "B2", "eps", "weight_decay", "clip_norm")}}
+        spec_path, unsupported, train_unsupported = translate_seq(layers, seq, f"{base}.torch.pkl")
+    else:
+        spec_path, unsupported, train_unsupported = translate(layers, f"{base}.torch.pkl")
     out = max((l for l in layers if l.kind != "cost"), key=lambda l: l.index)
     rows = [(l.index, l.kind, tuple(l.out_shape), float(l.flops())) for l in layers]
     yolos = [l for l in layers if l.kind == "yolo"]
     detector = {"max_boxes": max(l.max_boxes for l in yolos), "classes": yolos[0].classes} if yolos else None
+    per_item = seq["steps"] if seq else 1        # a sequence's FLOPs: its rows' (tokens')
     return Prepared(weights, spec_path, unsupported, train_unsupported, tuple(config.input_shape), out.outputs,
-                    sum(r[3] for r in rows), sum(r[3] for r in rows if r[1] == "convolutional"), rows,
+                    sum(r[3] for r in rows) * per_item, sum(r[3] for r in rows if r[1] == "convolutional"), rows,
                     [layer_desc(l) for l in layers], sorted({out.index} | {l.index for l in yolos}), detector,
-                    config.momentum, config.decay)
+                    config.momentum, config.decay, seq)
 
 
 def translate(layers, path: str) -> tuple[str | None, str | None, str | None]:
@@ -244,6 +256,23 @@ def translate(layers, path: str) -> tuple[str | None, str | None, str | None]:
     with open(path, "wb") as f:
         pickle.dump(specs, f)
     return path, None, model.train_unsupported()
+
+
+def translate_seq(layers, seq: dict, path: str) -> tuple[str | None, str | None, str | None]:
+    """A sequence net for torch (`torch_seq.py`): its layer dicts, pickled with the time steps and
+    the optimiser keys. Trained only (a Transformer training step is what the suite times)."""
+    try:
+        from .torch_seq import TorchSeqNet, Unsupported, seq_specs
+    except ImportError as e:
+        return None, f"torch not importable ({e})", "torch not importable"
+    try:
+        specs = seq_specs(layers)
+        TorchSeqNet(specs, steps=seq["steps"])
+    except Unsupported as e:
+        return None, str(e), str(e)
+    with open(path, "wb") as f:
+        pickle.dump({"specs": specs, **seq}, f)
+    return path, None, None
 
 
 def random_truth(rng: np.random.Generator, batch: int, detector: dict) -> np.ndarray:
@@ -361,22 +390,31 @@ class Phase:
         rng = np.random.default_rng(batch + (1000 if self.mode == "train" else 0))
         stem = f"{spec.name}.{self.mode}{batch}"
         inp = tmp / f"{stem}.x.npy"
-        np.save(inp, rng.random((batch, *prep.input_shape), dtype=np.float32))
         labels = None
-        if self.mode == "train":
+        rows = batch
+        if prep.seq:            # token ids, time-major rows (batch sequences of `steps`), and targets
+            rows = batch * prep.seq["steps"]
+            np.save(inp, rng.integers(32, 127, (rows, 1)).astype(np.float32))
+            labels = tmp / f"{stem}.y.npy"
+            np.save(labels, rng.integers(32, 127, (rows, 1)).astype(np.float32))
+        else:
+            np.save(inp, rng.random((batch, *prep.input_shape), dtype=np.float32))
+        if self.mode == "train" and not prep.seq:
             labels = tmp / f"{stem}.y.npy"
             y = random_truth(rng, batch, prep.detector) if prep.detector else rng.integers(0, prep.classes, batch)
             np.save(labels, y)
         self.job = {"cfg": str(spec.cfg), "edits": edits_for(spec, batch), "weights": prep.weights,
-                    "spec": prep.spec, "batch": batch, "mode": self.mode, "threads": self.opts.threads,
+                    "spec": prep.spec, "batch": rows, "mode": self.mode, "threads": self.opts.threads,
                     "input": str(inp), "labels": str(labels) if labels else None, "rate": TRAIN_RATE,
-                    "momentum": prep.momentum, "decay": prep.decay}
+                    "momentum": prep.momentum, "decay": prep.decay, "seq": bool(prep.seq)}
         wanted = self.opts.contenders
         self.kinds = ["darkpy"]
         torch_why = prep.unsupported or (prep.train_unsupported if self.mode == "train" else None)
         for kind in TORCH_KINDS:
             if kind in wanted:
-                if torch_why:
+                if prep.seq and kind == "torch-cl":
+                    self._skip(kind, "a sequence net has no channels_last layout")
+                elif torch_why:
                     self._skip(kind, torch_why)
                     self.result["torch_skipped"] = torch_why
                 else:
@@ -540,7 +578,7 @@ def bench_network(spec: NetSpec, opts: Options) -> dict:
     prep = prepare(spec, opts)
     out = {"name": spec.name, "cfg": _rel(spec.cfg), "input": list(prep.input_shape), "note": spec.note,
            "gflop_per_image": prep.flops / 1e9, "phases": []}
-    phases = [("infer", 1), ("infer", opts.infer_batch)]
+    phases = [] if prep.seq else [("infer", 1), ("infer", opts.infer_batch)]
     if spec.train_batch:
         phases.append(("train", spec.train_batch))
     for mode, batch in phases:

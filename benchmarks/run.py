@@ -37,6 +37,9 @@ SUITE = [
             "2 subdivisions: 64 takes minutes per step on 2 cores)"),
     NetSpec("shapes-tiny", ROOT / "cfg" / "shapes-tiny.cfg", None, 32, "the bundled detector, 128x128; "
             "training at the cfg's batch 32 with its yolo loss on both sides (random truth boxes)"),
+    NetSpec("tiny-gpt", ROOT / "cfg" / "tiny-gpt.cfg", None, 16, "the bundled Transformer (4 blocks, width "
+            "128, context 64): one training step at the cfg's batch of 16 sequences (1024 tokens), AdamW "
+            "and clip_norm on both sides (torch: benchmarks/torch_seq.py), random token ids"),
     NetSpec("tiny", PJ / "tiny.cfg", 224, None, "Darknet reference: tiny.cfg at 224, inference"),
     NetSpec("darknet", PJ / "darknet.cfg", 224, None, "Darknet reference: darknet.cfg at 224, inference"),
     NetSpec("yolov3-tiny", PJ / "yolov3-tiny.cfg", 416, None, "416x416, inference (heads compared)"),

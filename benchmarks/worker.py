@@ -43,7 +43,7 @@ REPORTED_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS", "O
 def check_picks(kinds: list[str], heads: list[int]) -> list[int]:
     """The outputs compared at the larger batches: the heads, and the logits feeding a softmax head
     (a saturated softmax alone would hide differences)."""
-    return sorted(set(heads) | {h - 1 for h in heads if kinds[h] == "softmax" and h > 0})
+    return sorted(set(heads) | {h - 1 for h in heads if kinds[h] in ("softmax", "crossentropy") and h > 0})
 
 
 def load_truth(job: dict, classes: int, truths: int) -> np.ndarray | None:
@@ -316,11 +316,62 @@ class OrtRunner:
         return {"heads": None}
 
 
+class TorchSeqRunner:
+    """torch's side of a sequence net's training step (`torch_seq.py`): darkpy's loss (summed
+    cross-entropy ÷ the rows), clip_grad_norm_, AdamW with decay on the weight matrices only."""
+
+    def __init__(self, job: dict):
+        import torch
+
+        from .torch_seq import TorchSeqNet, to_seq
+
+        self.torch = torch
+        torch.set_num_threads(job["threads"])
+        torch.manual_seed(0)
+        with open(job["spec"], "rb") as f:
+            d = pickle.load(f)
+        self.steps, self.opt_keys = d["steps"], d["opt"]
+        self.model = TorchSeqNet(d["specs"], steps=self.steps)
+        self.rows = job["batch"]
+        self.ids = torch.tensor(to_seq(np.load(job["input"])[:, 0].astype(np.int64), self.steps))
+        self.targets = torch.tensor(to_seq(np.load(job["labels"])[:, 0].astype(np.int64), self.steps))
+        o = self.opt_keys
+        cfg = type("Cfg", (), {"weight_decay": o["weight_decay"], "B1": o["B1"], "B2": o["B2"], "eps": o["eps"]})
+        self.opt = self.model.optimizer(cfg, job["rate"])
+        self.job = job
+
+    def op(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        self.model.loss(self.ids, self.targets, self.rows).backward()
+        if self.opt_keys["clip_norm"] > 0:
+            self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.opt_keys["clip_norm"])
+        self.opt.step()
+
+    def check(self, out: str, all_layers: bool) -> dict:
+        """The logits and the softmax of the output layer (as darkpy's time-major rows) and the
+        summed cross-entropy (darkpy's reported cost)."""
+        torch = self.torch
+        self.model.eval()
+        with torch.no_grad():
+            z = self.model.logits(self.ids)
+            loss = float(self.model.loss(self.ids, self.targets, 1))
+        self.model.train()
+        last = len(self.model.kinds) - 1
+        rows = lambda a: a.transpose(0, 1).reshape(self.rows, -1).numpy()      # (S, T, V) -> t·S + s
+        np.savez(out, **{str(last - 1): rows(z), str(last): rows(torch.softmax(z, -1))})
+        return {"heads": [last], "loss": loss}
+
+    def layers(self, n: int = 1) -> dict:
+        raise RuntimeError("per-layer torch timing covers inference only")
+
+
 def make_runner(kind: str, job: dict):
     if kind == "darkpy":
         return DarkpyRunner(job)
     if kind == "onnxruntime":
         return OrtRunner(job)
+    if job.get("seq"):
+        return TorchSeqRunner(job)
     return TorchRunner(job, kind == "torch-cl")
 
 

@@ -47,7 +47,7 @@ class DataWarning(UserWarning):
 # Keys either Darknet reads from a .data file (spec §10.1).
 KNOWN_DATA_KEYS = frozenset("""
 classes train valid test names labels backup top eval results map tree leaves tag difficult saveweights savelast
-text sequences pad answer_after
+text sequences pad answer_after pack
 """.split())
 # Keys whose value is a file that must exist.
 FILE_KEYS = ("train", "valid", "test", "names", "labels", "map", "tree", "leaves", "difficult")

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from .kernels import jit
+from .kernels import jit, vjit
 
 
 def current_rate(cfg, batch_num: int, rng: np.random.Generator | None = None) -> float:
@@ -96,7 +96,7 @@ def adam_step(w, g, m, v, rate, batch, b1, b2, eps, t, decay):
         g[i] = 0
 
 
-@jit
+@vjit
 def adamw_step(w, g, m, v, rate, batch, b1, b2, eps, t, decay):
     """w, g, m, v: (n,). torch's AdamW on the mean gradient −g/batch; `decay` is λ (0: none)."""
     c1 = 1.0 - b1 ** t
@@ -111,12 +111,29 @@ def adamw_step(w, g, m, v, rate, batch, b1, b2, eps, t, decay):
         g[i] = 0
 
 
+@jit
+def sum_squares(g):
+    """Σ g² of g: (n,), accumulated in float64 (four interleaved partial sums, added in order)."""
+    n = g.shape[0]
+    s0 = s1 = s2 = s3 = 0.0
+    for i in range(0, n - 3, 4):
+        a, b, c, d = 1.0 * g[i], 1.0 * g[i + 1], 1.0 * g[i + 2], 1.0 * g[i + 3]
+        s0 += a * a
+        s1 += b * b
+        s2 += c * c
+        s3 += d * d
+    for i in range(n - n % 4, n):
+        a = 1.0 * g[i]
+        s0 += a * a
+    return (s0 + s1) + (s2 + s3)
+
+
 def clip_global_norm(grads, batch: int, max_norm: float) -> float:
     """Scale the accumulated gradients `grads` (Darknet's negative sums) so that the L2 norm of the
     mean gradient over all of them is at most `max_norm`; returns the norm before clipping."""
     total = 0.0
     for g in grads:
-        total += float(np.dot(g.reshape(-1).astype(np.float64), g.reshape(-1).astype(np.float64)))
+        total += sum_squares(g.reshape(-1))
     norm = math.sqrt(total) / batch
     if norm > max_norm:
         k = max_norm / (norm + 1e-6)    # torch's clip_grad_norm_ adds the same 1e-6

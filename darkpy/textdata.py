@@ -16,7 +16,11 @@ Two modes (`.data` key `sequences=`):
 - `lines`: each line of the text is one sequence (`line + "\\n"`, then `pad=` ids up to
   `time_steps + 1`), drawn by the epoch permutations of `BatchPlan`. Targets that are the pad id, and
   with `answer_after=C` every target before the first C of the line, are set to the loss layer's
-  `ignore_index` (id targets) or an all-zero row (one-hot targets).
+  `ignore_index` (id targets) or an all-zero row (one-hot targets). `pack=K` (default 1) puts K lines
+  back to back in each training sequence (then the pads), so a long context is not mostly padding;
+  each line keeps its own ignore rule (the target of a line's last byte is the next line's first,
+  a prompt byte, so it is ignored with `answer_after`). Scoring (`darkpy textscore`) reads one line
+  per sequence.
 
 Encoding follows the network: `inputs=256` gives one-hot rows (Darknet), `inputs=1` gives the token
 id (for `[embedding]`); a last layer reading one truth per row gets ids, otherwise one-hot rows.
@@ -98,8 +102,9 @@ class TextData:
     """The dataset object the training loop reads: `plan(B, seed)`, `load(indices, rng, w, h)`."""
 
     def __init__(self, text: np.ndarray, net, mode: str = "stream", pad: int = 0,
-                 answer_after: int | None = None, source: str = "<text>"):
+                 answer_after: int | None = None, source: str = "<text>", pack: int = 1):
         cfg = net.config
+        self.pack = pack
         self.text = text
         self.mode = mode
         self.pad = pad
@@ -120,6 +125,10 @@ class TextData:
         if mode == "lines":
             self.lines = _split_lines(text, self.steps, source)
             self.samples = len(self.lines)
+            longest = max(len(line) for line in self.lines)
+            if pack > 1 and pack * longest > self.steps + 1:
+                raise DataError(f"{source}: pack={pack} lines of up to {longest} bytes do not fit in "
+                                f"time_steps={self.steps} (need pack x {longest} <= {self.steps + 1})")
         else:
             self.samples = int(text.size)
             self.stream_plan = StreamPlan(text.size, self.seq_per_pass * self.subdivisions, self.steps,
@@ -130,7 +139,7 @@ class TextData:
 
     def plan(self, batch: int, seed: int):
         if self.mode == "lines":
-            return BatchPlan(len(self.lines), batch // self.steps, seed)
+            return BatchPlan(len(self.lines), batch // self.steps * self.pack, seed)
         return self.stream_plan
 
     # -- batches -----------------------------------------------------------------------------------
@@ -146,29 +155,36 @@ class TextData:
         return self.encode_inputs(x_ids), self.encode_targets(y_ids)
 
     def _line_rows(self, lines: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        S, T = self.seq_per_pass, self.steps
-        x = np.empty(lines.size * T, np.int64)
+        S, T, K = self.seq_per_pass, self.steps, self.pack
+        x = np.empty(lines.size // K * T, np.int64)
         y = np.empty_like(x)
-        for j in range(lines.size // S):
-            xs, ys = self.sequences(lines[j * S:(j + 1) * S])
+        for j in range(lines.size // (S * K)):
+            xs, ys = self.sequences(lines[j * S * K:(j + 1) * S * K], K)
             x[j * S * T:(j + 1) * S * T] = xs.T.reshape(-1)       # time-major
             y[j * S * T:(j + 1) * S * T] = ys.T.reshape(-1)
         return x, y
 
-    def sequences(self, lines) -> tuple[np.ndarray, np.ndarray]:
-        """(n, steps) input and target ids of lines, targets to ignore set to -1."""
+    def sequences(self, lines, pack: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """(n / pack, steps) input and target ids of lines, `pack` consecutive lines per sequence,
+        targets to ignore set to -1."""
         T = self.steps
-        x = np.full((len(lines), T), self.pad, np.int64)
-        y = np.full((len(lines), T), -1, np.int64)
-        for i, n in enumerate(lines):
-            seq = self.lines[int(n)]
-            m = min(len(seq) - 1, T)
-            x[i, :m] = seq[:m]
-            y[i, :m] = seq[1:m + 1]
+        n = len(lines) // pack
+        x = np.full((n, T), self.pad, np.int64)
+        y = np.full((n, T), -1, np.int64)
+        for i in range(n):
+            parts = [self.lines[int(k)] for k in lines[i * pack:(i + 1) * pack]]
+            seq = np.concatenate(parts)
+            keep = np.ones(seq.size, bool)            # which bytes may be a target
             if self.answer_after is not None:
-                where = np.nonzero(seq == self.answer_after)[0]
-                cut = int(where[0]) if where.size else m
-                y[i, :cut] = -1
+                start = 0
+                for part in parts:
+                    where = np.nonzero(part == self.answer_after)[0]
+                    cut = int(where[0]) if where.size else part.size - 1
+                    keep[start:start + cut + 1] = False     # the prompt and the separator itself
+                    start += part.size
+            m = min(seq.size - 1, T)
+            x[i, :m] = seq[:m]
+            y[i, :m] = np.where(keep[1:m + 1], seq[1:m + 1], -1)
         y[y == self.pad] = -1
         return x, y
 
@@ -223,6 +239,9 @@ def make_text_dataset(net, dc) -> TextData:
     if mode not in MODES:
         raise DataError(f"{dc.path} sequences: expected one of {', '.join(MODES)} (got {mode!r})")
     pad = _int_key(dc, "pad", 0)
+    pack = _int_key(dc, "pack", 1)
+    if pack < 1 or (pack > 1 and mode != "lines"):
+        raise DataError(f"{dc.path} pack: expected an integer >= 1, with sequences=lines (got {pack})")
     after = dc.raw.get("answer_after")
     if after is not None and len(after) != 1:
         raise DataError(f"{dc.path} answer_after: expected one character (got {after!r})")
@@ -230,4 +249,4 @@ def make_text_dataset(net, dc) -> TextData:
     if mode == "stream" and recurrent and net.config.subdivisions != 1:
         raise DataError(f"{dc.path}: char-RNN streams carry the recurrent state between updates, which needs "
                         f"subdivisions=1 in {net.file} (got {net.config.subdivisions})")
-    return TextData(read_bytes(path), net, mode, pad, ord(after) if after else None, source=path)
+    return TextData(read_bytes(path), net, mode, pad, ord(after) if after else None, source=path, pack=pack)

@@ -37,6 +37,7 @@ def test_compare_checks_every_output_the_contender_saved(tmp_path):
 
 def test_check_picks_adds_the_logits_under_a_softmax():
     assert check_picks(["convolutional", "avgpool", "softmax"], [2]) == [1, 2]
+    assert check_picks(["embedding", "connected", "crossentropy"], [2]) == [1, 2]
     assert check_picks(["convolutional", "yolo", "route", "yolo"], [1, 3]) == [1, 3]
 
 

@@ -156,6 +156,26 @@ def test_lines_mode_pads_and_ignores_pad_and_prompt():
     assert xs[:, 0].reshape(6, 2)[:, 1].tolist() == list(b"2=2   ")        # time-major rows
 
 
+def test_lines_mode_packs_several_lines_per_sequence_each_with_its_ignore_rule():
+    net = network_from_text("[net]\nbatch=2\ntime_steps=12\ninputs=1\n[embedding]\nsize=4\n"
+                            "[connected]\noutput=256\nactivation=linear\n[crossentropy]\nignore_index=-1\n")
+    text = np.frombuffer(b"31=13\n2=2\n54=45\n7=7\n", np.uint8)
+    ds = TextData(text, net, "lines", pad=32, answer_after=ord("="), pack=2)
+    x, y = ds.sequences([0, 1, 2, 3], 2)
+    assert bytes(x[0].astype(np.uint8)) == b"31=13\n2=2   "
+    # line 1's answer and newline are targets; line 2's prompt ("2", "=") is not, nor the pads
+    assert y[0].tolist() == [-1, -1, ord("1"), ord("3"), 10, -1, -1, ord("2"), 10, -1, -1, -1]
+    assert bytes(x[1].astype(np.uint8)) == b"54=45\n7=7   "
+    assert ds.plan(24, 0).indices(0).size == 4           # 2 sequences x 2 lines per pass
+    xs, ys = ds.load(ds.plan(24, 0).indices(0), None, 0, 0)
+    assert xs.shape == ys.shape == (24, 1)
+    one = TextData(text, net, "lines", pad=32, answer_after=ord("="))
+    a, b = one.sequences([0, 1])                          # pack=1 is the one-line rule
+    assert np.array_equal(b[0][:6], y[0][:6]) and a.shape == (2, 12)
+    with pytest.raises(DataError, match="pack=4"):
+        TextData(text, net, "lines", pad=32, pack=4)      # 4 x 6 bytes > time_steps + 1
+
+
 def test_text_data_errors(tmp_path):
     net = network_from_text("[net]\nbatch=1\ninputs=3\n[connected]\noutput=3\n[softmax]\n")
     with pytest.raises(DataError, match="inputs=256"):

@@ -24,8 +24,23 @@ import math
 
 from numba import prange
 
-from . import PARALLEL_MIN, jit, pjit
-from .activations import GELU, GELU_TANH, HARD_MISH, LEAKY, LINEAR, LOGISTIC, MISH, RELU, SWISH, _act, _grad
+from . import PARALLEL_MIN, jit, pjit, vjit
+from .activations import (
+    GELU,
+    GELU_F32,
+    GELU_TANH,
+    HARD_MISH,
+    LEAKY,
+    LINEAR,
+    LOGISTIC,
+    MISH,
+    RELU,
+    SWISH,
+    _act,
+    _grad,
+    gelu_f32,
+    gelu_f32_grad,
+)
 
 EPS = 1e-5              # inside the square root (darkpy, cuDNN, Darknet GPU, AlexeyAB)
 DARKNET_CPU_EPS = 1e-6  # outside the square root (pjreddie CPU forward)
@@ -35,10 +50,10 @@ MOMENTUM = 0.01         # rolling = (1 − MOMENTUM)·rolling + MOMENTUM·batch 
 @jit
 def needs_input(a):
     """The activations whose gradient needs the pre-activation (as activations.needs_input)."""
-    return a == SWISH or a == MISH or a == HARD_MISH or a == GELU or a == GELU_TANH
+    return a == SWISH or a == MISH or a == HARD_MISH or a == GELU or a == GELU_TANH or a == GELU_F32
 
 
-@jit
+@vjit
 def _affine_act_row(row, k, off, a):
     """row: (S,) in place -> act(row·k + off)."""
     n = row.shape[0]
@@ -56,12 +71,15 @@ def _affine_act_row(row, k, off, a):
     elif a == LOGISTIC:
         for s in range(n):
             row[s] = 1.0 / (1.0 + math.exp(-(row[s] * k + off)))
+    elif a == GELU_F32:
+        for s in range(n):
+            row[s] = gelu_f32(row[s] * k + off)
     else:
         for s in range(n):
             row[s] = _act(row[s] * k + off, a)
 
 
-@jit
+@vjit
 def _grad_row(d, y, pre, a):
     """d: (S,) in place *= act'; y: (S,) activated output; pre: (S,) pre-activation (read only for the
     activations that need it). Returns Σ d after the multiplication."""
@@ -83,6 +101,11 @@ def _grad_row(d, y, pre, a):
     elif a == LOGISTIC:
         for s in range(n):
             v = d[s] * y[s] * (1 - y[s])
+            d[s] = v
+            acc += v
+    elif a == GELU_F32:
+        for s in range(n):
+            v = d[s] * gelu_f32_grad(pre[s])
             d[s] = v
             acc += v
     else:
@@ -140,6 +163,110 @@ def bias_act_backward(delta, y, pre, bias_grad, act):
     else:
         for c in prange(nc):
             _bias_act_grad_channel(delta, y, pre, bias_grad, act, c)
+
+
+# -- (rows, units) layout: connected layers and 1×1 maps (S = 1) ---------------------------------
+# With S = 1 the (B, C, S) kernels above make one call per value and cannot vectorise; these run
+# along each row of a (B, C) array instead, with the same formulas in the same precision (so the
+# same bits), and sum the bias gradient per unit in the same order (rows 0..B−1, float64).
+
+@vjit
+def _bias_act_vec(y, pre, biases, a, keep_pre):
+    """y: (C,) one row in place -> act(y + biases); pre: (C,) gets y + biases when keep_pre."""
+    n = y.shape[0]
+    if keep_pre:
+        for j in range(n):
+            pre[j] = y[j] + biases[j]
+    if a == LINEAR:
+        for j in range(n):
+            y[j] = y[j] * 1.0 + biases[j]
+    elif a == LEAKY:
+        for j in range(n):
+            z = y[j] * 1.0 + biases[j]
+            y[j] = z if z > 0 else 0.1 * z
+    elif a == RELU:
+        for j in range(n):
+            z = y[j] * 1.0 + biases[j]
+            y[j] = z if z > 0 else 0.0
+    elif a == LOGISTIC:
+        for j in range(n):
+            y[j] = 1.0 / (1.0 + math.exp(-(y[j] * 1.0 + biases[j])))
+    elif a == GELU_F32:
+        for j in range(n):
+            y[j] = gelu_f32(y[j] * 1.0 + biases[j])
+    else:
+        for j in range(n):
+            y[j] = _act(y[j] * 1.0 + biases[j], a)
+
+
+@pjit
+def bias_act_forward_rows(y, pre, biases, act, keep_pre):
+    """y: (B, C) raw product, in place -> act(y + biases); pre: (B, C) gets y + biases when keep_pre
+    (else any (B, C) array, untouched); biases: (C,). As `bias_act_forward` with S = 1."""
+    nb = y.shape[0]
+    if y.size < PARALLEL_MIN:
+        for b in range(nb):
+            _bias_act_vec(y[b], pre[b], biases, act, keep_pre)
+    else:
+        for b in prange(nb):
+            _bias_act_vec(y[b], pre[b], biases, act, keep_pre)
+
+
+@vjit
+def _grad_sum_row(d, y, pre, acc, a):
+    """One row (or a span of it), all (c,): d *= act' (from y, or pre for the activations that need
+    it); acc: float64 += the products, unrounded (as `_grad_row` sums them)."""
+    n = d.shape[0]
+    if a == LINEAR:
+        for j in range(n):
+            acc[j] += d[j]
+    elif a == LEAKY:
+        for j in range(n):
+            v = d[j] if y[j] > 0 else 0.1 * d[j]
+            d[j] = v
+            acc[j] += v
+    elif a == RELU:
+        for j in range(n):
+            v = d[j] if y[j] > 0 else 0.0
+            d[j] = v
+            acc[j] += v
+    elif a == LOGISTIC:
+        for j in range(n):
+            v = d[j] * y[j] * (1 - y[j])
+            d[j] = v
+            acc[j] += v
+    elif a == GELU_F32:
+        for j in range(n):
+            v = d[j] * gelu_f32_grad(pre[j])
+            d[j] = v
+            acc[j] += v
+    else:
+        for j in range(n):
+            v = d[j] * _grad(y[j], pre[j], a)
+            d[j] = v
+            acc[j] += v
+
+
+@pjit
+def bias_act_backward_rows(delta, y, pre, bias_grad, acc, act):
+    """delta: (B, C) gradient w.r.t. the activated output, in place -> w.r.t. the raw product;
+    y: (B, C) activated output; pre: (B, C) pre-activation (or any (B, C) array when the activation
+    does not need it); bias_grad: (C,) += Σ over rows (in row order, float64, as the (B, C, S)
+    kernel); acc: (C,) float64 scratch. Parallel over spans of 64 units, rows in order within each."""
+    nb, nc = delta.shape
+    acc[:] = 0.0
+    block = 64
+    if delta.size < PARALLEL_MIN:
+        for b in range(nb):
+            _grad_sum_row(delta[b], y[b], pre[b], acc, act)
+    else:
+        for k in prange((nc + block - 1) // block):
+            lo = k * block
+            hi = min(lo + block, nc)
+            for b in range(nb):
+                _grad_sum_row(delta[b, lo:hi], y[b, lo:hi], pre[b, lo:hi], acc[lo:hi], act)
+    for j in range(nc):
+        bias_grad[j] += acc[j]
 
 
 @jit(inline="always")

@@ -7,6 +7,12 @@ variance — unlike convolutional, where the BN arrays come before the weights.
 As in the convolutional layer, backward leaves the gradient w.r.t. the raw product `x·Wᵀ` in `delta`
 (Darknet's behaviour) and ADDS `delta·W` into the previous layer's delta. With BN the statistics are
 per output unit over the batch rows.
+
+darkpy: `tie=L` (a layer reference, as `from=`) makes the weight matrix the token table of the
+`[embedding]` layer L (vocab × size, so `output` must be its vocab and the input its size): weight
+tying of an output projection. The one array gets the sum of both layers' gradients, is updated once
+(as the embedding's parameter, not decayed) and is stored once in the .weights file, with the
+embedding; this layer stores only its biases.
 """
 from __future__ import annotations
 
@@ -48,6 +54,7 @@ class ConnectedLayer(Layer):
         self.wgrad_tmp = np.zeros((0,), self.dtype)
         self.dx_tmp = np.zeros((0,), self.dtype)
         self._trained = False
+        self.tied: int | None = None                # index of the [embedding] whose table is `weights`
 
     @classmethod
     def from_cfg(cls, sec, in_shape, ctx) -> "ConnectedLayer":
@@ -56,11 +63,30 @@ class ConnectedLayer(Layer):
             raise sec.error(f"must be >= 1 (got {outputs})", "output")
         bn = sec.get_bool("batch_normalize", False)
         activation = sec.get_choice("activation", act.NAMES, "logistic", aliases=act.ALIASES)
-        return cls(sec.index, in_shape, outputs, bn, activation, ctx.dtype)
+        layer = cls(sec.index, in_shape, outputs, bn, activation, ctx.dtype)
+        if sec.has("tie"):
+            ref = ctx.ref(sec, "tie", sec.get_int("tie"))
+            layer.tie_to(ctx.layers[ref], sec)
+        return layer
+
+    def tie_to(self, emb, sec=None) -> None:
+        """Share `emb`'s token table as this layer's weights (see the module docstring)."""
+        def fail(msg):
+            raise (sec.error(msg, "tie") if sec is not None else ValueError(msg))
+        if emb.kind != "embedding":
+            fail(f"layer {emb.index} is [{emb.kind}], not an [embedding]")
+        if emb.table.value.shape != self.weights.value.shape:
+            fail(f"the [embedding] table of layer {emb.index} is {emb.vocab} x {emb.size}; tying needs "
+                 f"output={emb.vocab} and {emb.size} inputs (this layer: output={self.n}, {self.inputs} inputs)")
+        self.weights = emb.table
+        self.tied = emb.index
+        self.params = [self.biases] + ([self.bn.scales] if self.bn else [])
 
     def init_weights(self, rng: np.random.Generator) -> None:
-        """Darknet's init: weights sqrt(2/inputs)·U(−1, 1), biases 0; BN scales 1, rolling stats 0."""
-        self.weights.value[...] = math.sqrt(2.0 / self.inputs) * rng.uniform(-1, 1, self.weights.value.shape)
+        """Darknet's init: weights sqrt(2/inputs)·U(−1, 1), biases 0; BN scales 1, rolling stats 0.
+        Tied weights belong to the embedding (its init)."""
+        if self.tied is None:
+            self.weights.value[...] = math.sqrt(2.0 / self.inputs) * rng.uniform(-1, 1, self.weights.value.shape)
         self.biases.value.fill(0)
         if self.bn:
             self.bn.reset()
@@ -100,10 +126,12 @@ class ConnectedLayer(Layer):
 
     def weight_arrays(self) -> list[np.ndarray]:
         # darknet: connected stores its weights BEFORE the BN block (conv stores them after)
-        return [self.biases.value, self.weights.value] + (self.bn.arrays() if self.bn else [])
+        weights = [] if self.tied is not None else [self.weights.value]
+        return [self.biases.value] + weights + (self.bn.arrays() if self.bn else [])
 
     def flops(self) -> float:
         return 2.0 * self.inputs * self.n
 
     def summary(self) -> str:
-        return f"connected                            {self.inputs:4d}  ->  {self.n:4d}"
+        tie = f" tied to {self.tied}" if self.tied is not None else ""
+        return f"connected                            {self.inputs:4d}  ->  {self.n:4d}{tie}"

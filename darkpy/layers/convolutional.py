@@ -473,31 +473,41 @@ def forward_bias_bn_act(layer, y: np.ndarray, train: bool, keep_pre: bool = True
     layer._trained = train
     keep = keep_pre and layer.pre.size > 0
     bn = layer.bn
-    if bn is None:
-        bnk.bias_act_forward(y, layer.pre.reshape(y.shape) if keep else y, layer.biases.value,
-                             layer.act, keep)
+    a = act.kernel_code(layer.act, y.dtype)
+    if bn is None and y.shape[2] == 1:          # connected, 1×1 maps: along rows (vectorised)
+        y2 = y.reshape(y.shape[:2])
+        bnk.bias_act_forward_rows(y2, layer.pre.reshape(y2.shape) if keep else y2, layer.biases.value, a,
+                                  keep)
+    elif bn is None:
+        bnk.bias_act_forward(y, layer.pre.reshape(y.shape) if keep else y, layer.biases.value, a, keep)
     elif train:
         bnk.bn_act_forward_train(y, layer.xnorm.reshape(y.shape), bn.mean, bn.variance,
                                  bn.rolling_mean, bn.rolling_variance, bn.scales.value,
-                                 layer.biases.value, layer.act, layer.darknet_cpu_bn)
+                                 layer.biases.value, a, layer.darknet_cpu_bn)
     else:
         bnk.bn_act_forward_infer(y, bn.rolling_mean, bn.rolling_variance, bn.scales.value,
-                                 layer.biases.value, layer.act, layer.darknet_cpu_bn)
+                                 layer.biases.value, a, layer.darknet_cpu_bn)
 
 
 def backward_bias_bn_act(layer, d: np.ndarray, y: np.ndarray) -> None:
     """Shared by conv and connected: turn `d` (B, C, S), the gradient w.r.t. the activated output,
     into the gradient w.r.t. the raw product, in place, accumulating bias (and BN scale) gradients."""
+    a = act.kernel_code(layer.act, d.dtype)
     if layer.bn is None:
         if act.needs_input(layer.act) and not layer._trained:
             raise layer.error(f"{layer.activation} backward needs a training-mode forward first")
-        bnk.bias_act_backward(d, y, layer.pre.reshape(d.shape) if layer.pre.size else y,
-                              layer.biases.grad, layer.act)
+        if d.shape[2] == 1:
+            d2, y2 = d.reshape(d.shape[:2]), y.reshape(d.shape[:2])
+            bnk.bias_act_backward_rows(d2, y2, layer.pre.reshape(d2.shape) if layer.pre.size else y2,
+                                       layer.biases.grad, np.empty(d2.shape[1]), a)
+        else:
+            bnk.bias_act_backward(d, y, layer.pre.reshape(d.shape) if layer.pre.size else y,
+                                  layer.biases.grad, a)
         return
     if not layer._trained:
         raise layer.error("batch-norm backward needs a training-mode forward first")
     bn = layer.bn
     bnk.bn_act_backward(d, y, layer.xnorm.reshape(d.shape), bn.variance, bn.scales.value,
-                        layer.biases.value, layer.biases.grad, bn.scales.grad, layer.act,
+                        layer.biases.value, layer.biases.grad, bn.scales.grad, a,
                         layer.pre.reshape(d.shape) if layer.pre.size else y, layer.darknet_cpu_bn)
 

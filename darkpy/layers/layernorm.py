@@ -7,9 +7,90 @@ by AdamW. File order: biases, then gains (the order of Darknet's BN block: biase
 """
 from __future__ import annotations
 
-import numpy as np
+import math
 
+import numpy as np
+from numba import prange
+
+from ..kernels import PARALLEL_MIN, pjit, vjit
 from .base import Layer, Param, State, numel, register
+
+
+# -- kernels (row statistics in float64) ----------------------------------------------------------
+@vjit
+def _ln_row(out, xhat, inv, x, gain, bias, eps, b):
+    n = x.shape[1]
+    acc = 0.0
+    for j in range(n):
+        acc += x[b, j]
+    mean = acc / n
+    acc = 0.0
+    for j in range(n):
+        t = x[b, j] - mean
+        acc += t * t
+    k = 1.0 / math.sqrt(acc / n + eps)
+    inv[b, 0] = k
+    for j in range(n):
+        h = (x[b, j] - mean) * k
+        xhat[b, j] = h
+        out[b, j] = h * gain[j] + bias[j]
+
+
+@pjit
+def layernorm_forward(out, xhat, inv, x, gain, bias, eps):
+    """x, out, xhat: (B, n); inv: (B, 1) gets 1/sqrt(var + eps); gain, bias: (n,)."""
+    B = x.shape[0]
+    if x.size < PARALLEL_MIN:
+        for b in range(B):
+            _ln_row(out, xhat, inv, x, gain, bias, eps, b)
+    else:
+        for b in prange(B):
+            _ln_row(out, xhat, inv, x, gain, bias, eps, b)
+
+
+@vjit
+def _ln_grad_row(dx, d, xhat, inv, gain, b):
+    n = d.shape[1]
+    m1 = 0.0
+    m2 = 0.0
+    for j in range(n):
+        g = d[b, j] * gain[j]
+        m1 += g
+        m2 += g * xhat[b, j]
+    m1 /= n
+    m2 /= n
+    k = inv[b, 0]
+    for j in range(n):
+        dx[b, j] += (d[b, j] * gain[j] - m1 - xhat[b, j] * m2) * k
+
+
+@vjit
+def _ln_param_grads(acc_b, acc_g, d, xhat):
+    for b in range(d.shape[0]):
+        for j in range(d.shape[1]):
+            acc_b[j] += d[b, j]
+            acc_g[j] += d[b, j] * xhat[b, j]
+
+
+@pjit
+def layernorm_backward(dx, bias_grad, gain_grad, d, xhat, inv, gain, want_dx):
+    """d, xhat: (B, n); bias_grad, gain_grad: (n,) += Σ d, Σ d·x̂ over rows; with want_dx, dx: (B, n)
+    += the input gradient."""
+    B, n = d.shape
+    acc_b = np.zeros(n)
+    acc_g = np.zeros(n)
+    _ln_param_grads(acc_b, acc_g, d, xhat)
+    for j in range(n):
+        bias_grad[j] += acc_b[j]
+        gain_grad[j] += acc_g[j]
+    if not want_dx:
+        return
+    if d.size < PARALLEL_MIN:
+        for b in range(B):
+            _ln_grad_row(dx, d, xhat, inv, gain, b)
+    else:
+        for b in prange(B):
+            _ln_grad_row(dx, d, xhat, inv, gain, b)
 
 
 @register
@@ -47,26 +128,16 @@ class LayerNormLayer(Layer):
 
     def forward(self, s: State) -> None:
         x = s.input.reshape(self.batch, self.n)
-        mean = x.mean(axis=1, keepdims=True)
-        np.subtract(x, mean, out=self.xhat)
-        var = np.mean(self.xhat * self.xhat, axis=1, keepdims=True)
-        np.divide(1.0, np.sqrt(var + self.eps), out=self.inv)
-        self.xhat *= self.inv
-        np.multiply(self.xhat, self.scales.value, out=self.output)
-        self.output += self.biases.value
+        layernorm_forward(self.output.reshape(self.batch, self.n), self.xhat, self.inv, x, self.scales.value,
+                          self.biases.value, float(self.eps))
 
     def backward(self, s: State) -> None:
         self.require_training_buffers()
-        d = self.delta
-        self.biases.grad += d.sum(axis=0)
-        self.scales.grad += (d * self.xhat).sum(axis=0)
-        if s.delta is None:
-            return
-        dxh = d * self.scales.value
-        m1 = dxh.mean(axis=1, keepdims=True)
-        m2 = (dxh * self.xhat).mean(axis=1, keepdims=True)
-        dx = (dxh - m1 - self.xhat * m2) * self.inv
-        s.delta += dx.reshape(s.delta.shape)
+        d = self.delta.reshape(self.batch, self.n)
+        want = s.delta is not None
+        dx = s.delta.reshape(self.batch, self.n) if want else d
+        layernorm_backward(dx, self.biases.grad, self.scales.grad, d, self.xhat, self.inv, self.scales.value,
+                           want)
 
     def weight_arrays(self) -> list[np.ndarray]:
         return [self.biases.value, self.scales.value]

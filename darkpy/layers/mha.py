@@ -22,9 +22,78 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numba import prange
 
 from ..errors import StateError
+from ..kernels import PARALLEL_MIN, jit, pjit
 from .base import Layer, Param, State, numel, register
+
+
+# -- kernels -------------------------------------------------------------------------------------
+@jit(inline="always")
+def _softmax_row(r, scale, causal, keymask, s, t):
+    """One query row r: (T,) of scores, in place -> its attention weights (float64 inside): keys
+    after t (causal) and keys with keymask[s] set are exactly 0; all keys masked: all 0."""
+    T = r.shape[0]
+    hi = t + 1 if causal else T
+    use_pad = keymask.shape[0] > 0
+    m = -math.inf
+    for j in range(hi):
+        if not (use_pad and keymask[s, j]):
+            m = max(m, r[j] * scale)
+    if m == -math.inf:
+        for j in range(T):
+            r[j] = 0.0
+        return
+    tot = 0.0
+    for j in range(T):
+        e = 0.0
+        if j < hi and not (use_pad and keymask[s, j]):
+            e = math.exp(r[j] * scale - m)
+        r[j] = e
+        tot += e
+    inv = 1.0 / tot
+    for j in range(T):
+        r[j] = r[j] * inv
+
+
+@pjit(error_model="numpy")
+def softmax_masked(a, scale, causal, keymask):
+    """a: (S, H, T, T) raw scores Q·Kᵀ, in place -> softmax(a·scale + M) over the last axis, M = −∞
+    after the query (causal) and at keys with keymask (S, T) set (keymask (0, 0): none)."""
+    S, H, T = a.shape[:3]
+    if a.size < PARALLEL_MIN:
+        for i in range(S * H):
+            for t in range(T):
+                _softmax_row(a[i // H, i % H, t], scale, causal, keymask, i // H, t)
+    else:
+        for i in prange(S * H):
+            for t in range(T):
+                _softmax_row(a[i // H, i % H, t], scale, causal, keymask, i // H, t)
+
+
+@jit(inline="always")
+def _softmax_grad_row(d, a, scale):
+    acc = 0.0
+    for j in range(d.shape[0]):
+        acc += d[j] * a[j]
+    for j in range(d.shape[0]):
+        d[j] = a[j] * (d[j] - acc) * scale
+
+
+@pjit(error_model="numpy")
+def softmax_backward(da, a, scale):
+    """da: (S, H, T, T) gradient w.r.t. the weights a, in place -> w.r.t. the raw scores Q·Kᵀ:
+    scale·a·(da − Σ da·a) (0 wherever a is 0, so masked keys get exactly 0)."""
+    S, H, T = a.shape[:3]
+    if a.size < PARALLEL_MIN:
+        for i in range(S * H):
+            for t in range(T):
+                _softmax_grad_row(da[i // H, i % H, t], a[i // H, i % H, t], scale)
+    else:
+        for i in prange(S * H):
+            for t in range(T):
+                _softmax_grad_row(da[i // H, i % H, t], a[i // H, i % H, t], scale)
 
 
 @register
@@ -80,56 +149,44 @@ class AttentionLayer(Layer):
         self._cache = {}
 
     # -- masks and layout ---------------------------------------------------------------------------
-    def _seq(self, rows: np.ndarray) -> np.ndarray:
-        """(T·S, n) time-major rows → (S, T, n)."""
-        return np.ascontiguousarray(rows.reshape(self.steps, -1, rows.shape[-1]).transpose(1, 0, 2))
+    def _heads(self, rows: np.ndarray, part: int = 0, parts: int = 1) -> np.ndarray:
+        """(T·S, parts·D) time-major rows → a (S, H, T, dh) view of block `part` (no copy)."""
+        T, H = self.steps, self.heads
+        S, dh = self.batch // T, self.dim // H
+        return rows.reshape(T, S, parts, H, dh)[:, :, part].transpose(1, 2, 0, 3)
 
-    def _rows(self, seq: np.ndarray) -> np.ndarray:
-        return seq.transpose(1, 0, 2).reshape(self.batch, -1)
-
-    def mask(self, s: State) -> np.ndarray | None:
-        """(S, 1, T, T) bool, True where a key is hidden from a query; None without masks."""
+    def key_mask(self, s: State) -> np.ndarray:
+        """(S, T) uint8, 1 where a key is a pad token; (0, 0) without a key-padding mask."""
         T, S = self.steps, self.batch // self.steps
-        m = np.zeros((S, 1, T, T), bool)
-        if self.causal:
-            m |= np.triu(np.ones((T, T), bool), 1)[None, None]
-        if self.pad >= 0:
-            if s.net is None or s.net.input is None or s.net.input.shape[1:] != (1,):
-                raise StateError(f"layer {self.index} [attention]: pad={self.pad} needs the network's token "
-                                 f"ids (inputs=1)")
-            ids = s.net.input.reshape(T, S).T                   # (S, T)
-            m |= (ids == self.pad)[:, None, None, :]
-        return m if (self.causal or self.pad >= 0) else None
+        if self.pad < 0:
+            return np.zeros((0, 0), np.uint8)
+        if s.net is None or s.net.input is None or s.net.input.shape[1:] != (1,):
+            raise StateError(f"layer {self.index} [attention]: pad={self.pad} needs the network's token "
+                             f"ids (inputs=1)")
+        return np.ascontiguousarray((s.net.input.reshape(T, S).T == self.pad).astype(np.uint8))
 
     # -- compute ---------------------------------------------------------------------------------------
     def forward(self, s: State) -> None:
-        T, H, D = self.steps, self.heads, self.dim
-        S, dh = self.batch // T, D // H
-        x = self._seq(s.input.reshape(self.batch, D))                              # (S, T, D)
-        qkv = x @ self.weights.value.T + self.biases.value                         # (S, T, 3D)
-        q, k, v = (qkv[..., i * D:(i + 1) * D].reshape(S, T, H, dh).transpose(0, 2, 1, 3) for i in range(3))
-        scale = 1.0 / math.sqrt(dh)
-        scores = (q @ k.transpose(0, 1, 3, 2)) * scale                             # (S, H, T, T)
-        m = self.mask(s)
-        if m is not None:
-            scores = np.where(m, -np.inf, scores)
-        top = scores.max(axis=-1, keepdims=True)
-        top = np.where(np.isfinite(top), top, 0)
-        e = np.exp(scores - top)
-        total = e.sum(axis=-1, keepdims=True)
-        a = e / np.where(total > 0, total, 1)
+        D, dh = self.dim, self.dim // self.heads
+        x = s.input.reshape(self.batch, D)                                         # time-major rows
+        qkv = x @ self.weights.value.T                                             # (T·S, 3D)
+        qkv += self.biases.value
+        q, k, v = (self._heads(qkv, i, 3) for i in range(3))                       # (S, H, T, dh) views
+        a = np.matmul(q, k.transpose(0, 1, 3, 2))                                  # (S, H, T, T)
+        softmax_masked(a, 1.0 / math.sqrt(dh), self.causal, self.key_mask(s))
         drop = None
         if s.train and self.dropout > 0:
             rng = s.rng if s.rng is not None else np.random.default_rng()
             drop = (rng.random(a.shape) >= self.dropout) / (1 - self.dropout)
-            ad = a * drop
+            ad = (a * drop).astype(self.dtype)
         else:
             ad = a
-        o = (ad @ v).transpose(0, 2, 1, 3).reshape(S, T, D)                       # (S, T, D)
-        y = o @ self.out_weights.value.T + self.out_biases.value
-        self.output[...] = self._rows(y)
+        o = np.empty((self.batch, D), self.dtype)                                  # time-major rows
+        np.matmul(ad, v, out=self._heads(o))
+        np.matmul(o, self.out_weights.value.T, out=self.output.reshape(self.batch, D))
+        self.output.reshape(self.batch, D)[...] += self.out_biases.value
         if s.train:
-            self._cache = {"x": x, "q": q, "k": k, "v": v, "a": a, "ad": ad, "drop": drop, "o": o}
+            self._cache = {"x": x, "qkv": qkv, "a": a, "ad": ad, "drop": drop, "o": o}
 
     @property
     def attention_weights(self) -> np.ndarray:
@@ -141,26 +198,25 @@ class AttentionLayer(Layer):
         if not self._cache:
             raise StateError(f"layer {self.index} [attention]: backward needs a training forward first")
         c = self._cache
-        T, H, D = self.steps, self.heads, self.dim
-        S, dh = self.batch // T, D // H
-        dy = self._seq(self.delta.reshape(self.batch, D))                          # (S, T, D)
-        self.out_biases.grad += dy.sum(axis=(0, 1))
-        self.out_weights.grad += dy.reshape(-1, D).T @ c["o"].reshape(-1, D)
-        do = (dy @ self.out_weights.value).reshape(S, T, H, dh).transpose(0, 2, 1, 3)   # (S, H, T, dh)
-        dv = c["ad"].transpose(0, 1, 3, 2) @ do
-        dad = do @ c["v"].transpose(0, 1, 3, 2)
-        da = dad * c["drop"] if c["drop"] is not None else dad
-        a = c["a"]
-        dscores = a * (da - (da * a).sum(axis=-1, keepdims=True))                 # 0 where a == 0
-        scale = 1.0 / math.sqrt(dh)
-        dq = (dscores @ c["k"]) * scale
-        dk = (dscores.transpose(0, 1, 3, 2) @ c["q"]) * scale
-        dqkv = np.concatenate([g.transpose(0, 2, 1, 3).reshape(S, T, D) for g in (dq, dk, dv)], axis=-1)
-        self.biases.grad += dqkv.sum(axis=(0, 1))
-        self.weights.grad += dqkv.reshape(-1, 3 * D).T @ c["x"].reshape(-1, D)
+        D, dh = self.dim, self.dim // self.heads
+        dy = self.delta.reshape(self.batch, D)
+        self.out_biases.grad += dy.sum(axis=0)
+        self.out_weights.grad += dy.T @ c["o"]
+        do = self._heads(dy @ self.out_weights.value)                              # (S, H, T, dh)
+        qkv = c["qkv"]
+        q, k, v = (self._heads(qkv, i, 3) for i in range(3))
+        dqkv = np.empty_like(qkv)
+        np.matmul(c["ad"].transpose(0, 1, 3, 2), do, out=self._heads(dqkv, 2, 3))  # dv
+        da = do @ v.transpose(0, 1, 3, 2)                                          # (S, H, T, T)
+        if c["drop"] is not None:
+            da *= c["drop"]
+        softmax_backward(da, c["a"], 1.0 / math.sqrt(dh))                         # -> d scores·scale
+        np.matmul(da, k, out=self._heads(dqkv, 0, 3))                              # dq
+        np.matmul(da.transpose(0, 1, 3, 2), q, out=self._heads(dqkv, 1, 3))        # dk
+        self.biases.grad += dqkv.sum(axis=0)
+        self.weights.grad += dqkv.T @ c["x"]
         if s.delta is not None:
-            dx = dqkv @ self.weights.value
-            s.delta += self._rows(dx).reshape(s.delta.shape)
+            s.delta += (dqkv @ self.weights.value).reshape(s.delta.shape)
 
     def weight_arrays(self) -> list[np.ndarray]:
         return [self.weights.value, self.biases.value, self.out_weights.value, self.out_biases.value]

@@ -16,12 +16,75 @@ negative gradient of `cost` w.r.t. the logits; 0 on ignored rows.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from numba import prange
 
 from ..errors import StateError
+from ..kernels import PARALLEL_MIN, jit, pjit
 from .base import Layer, State, numel, register
 
 TARGETS = ("index", "soft")
+
+
+# -- kernels -------------------------------------------------------------------------------------
+@jit(inline="always")
+def _xent_row(out, loss, delta, x, cls, soft, eps, temp, want, b):
+    """One row, in float64: out = softmax(x/temp); with `want`, loss = −q·log p and
+    delta = (q − p·Σq)/temp, q the smoothed target (class `cls[b]`, or soft[b] when soft has rows;
+    cls[b] < 0 or an all-zero soft row: q = 0). Returns Σ loss."""
+    V = x.shape[1]
+    m = -math.inf
+    for j in range(V):
+        m = max(m, x[b, j] / temp)
+    tot = 0.0
+    for j in range(V):
+        tot += math.exp(x[b, j] / temp - m)
+    lse = m + math.log(tot)
+    if not want:
+        for j in range(V):
+            out[b, j] = math.exp(x[b, j] / temp - lse)
+        return 0.0
+    use_soft = soft.shape[0] > 0
+    keep = cls[b] >= 0
+    raw = 1.0
+    if use_soft:
+        raw = 0.0
+        for j in range(V):
+            raw += soft[b, j]
+        keep = raw != 0
+    sumq = 0.0
+    if keep:
+        sumq = (1 - eps) * raw + eps if eps > 0 else raw
+    acc = 0.0
+    for j in range(V):
+        logp = x[b, j] / temp - lse
+        p = math.exp(logp)
+        out[b, j] = p
+        q = 0.0
+        if keep:
+            q = soft[b, j] if use_soft else (1.0 if j == cls[b] else 0.0)
+            if eps > 0:
+                q = (1 - eps) * q + eps / V
+        v = -q * logp
+        loss[b, j] = v
+        acc += v
+        delta[b, j] = (q - p * sumq) / temp
+    return acc
+
+
+@pjit
+def xent_forward(out, loss, delta, row_loss, x, cls, soft, eps, temp, want):
+    """x: (B, V) logits; out, loss, delta: (B, V); row_loss: (B,) float64 gets Σ loss per row;
+    cls: (B,) int64 class ids (< 0: ignored); soft: (B, V) targets, or (0, V) for index targets."""
+    B = x.shape[0]
+    if x.size < PARALLEL_MIN:
+        for b in range(B):
+            row_loss[b] = _xent_row(out, loss, delta, x, cls, soft, eps, temp, want, b)
+    else:
+        for b in prange(B):
+            row_loss[b] = _xent_row(out, loss, delta, x, cls, soft, eps, temp, want, b)
 
 
 @register
@@ -61,8 +124,9 @@ class CrossEntropyLayer(Layer):
     def truths(self) -> int:
         return 1 if self.targets == "index" else 0
 
-    def target_distribution(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(q, keep): the (smoothed) target distribution of every row and which rows count."""
+    def targets_for_kernel(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(cls, soft, keep) for `xent_forward`: class ids (−1 where ignored) and an empty soft
+        array, or for soft targets the (B, V) distributions; keep: which rows count."""
         B, V = self.batch, self.outputs
         if self.targets == "index":
             ids = t.reshape(B)
@@ -73,36 +137,32 @@ class CrossEntropyLayer(Layer):
                 r = int(np.argmax(bad))
                 raise StateError(f"layer {self.index} [crossentropy]: row {r} has target {float(ids[r]):g}; targets "
                                  f"are class ids 0..{V - 1} or ignore_index={self.ignore_index}")
-            q = np.zeros((B, V), np.float64)
-            q[np.nonzero(keep)[0], cls[keep]] = 1.0
-        else:
-            q = t.reshape(B, V).astype(np.float64)
-            keep = q.sum(axis=1) != 0
-        if self.label_smoothing:
-            q = (1 - self.label_smoothing) * q + self.label_smoothing / V
-        q[~keep] = 0
-        return q, keep
+            return np.where(keep, cls, -1), np.zeros((0, V), np.float64), keep
+        soft = np.ascontiguousarray(t.reshape(B, V), np.float64)
+        return np.zeros(B, np.int64), soft, soft.sum(axis=1) != 0
 
     def forward(self, s: State) -> None:
-        x = s.input.reshape(self.batch, self.outputs).astype(np.float64) / self.temperature
-        z = x - x.max(axis=1, keepdims=True)
-        lse = np.log(np.exp(z).sum(axis=1, keepdims=True))
-        logp = z - lse
-        p = np.exp(logp)
-        self.output[...] = p
-        if s.truth is None:
+        x = s.input.reshape(self.batch, self.outputs)
+        B, V = x.shape
+        want = s.truth is not None
+        if want:
+            self.allocate_training()
+            if s.truth.size != self.batch * max(self.truths, 1) and self.targets == "index":
+                raise StateError(f"[crossentropy] layer {self.index} reads 1 truth value (class id) per row, "
+                                 f"got {s.truth.size // max(self.batch, 1)}")
+            cls, soft, keep = self.targets_for_kernel(s.truth)
+            loss, delta = self.loss.reshape(B, V), self.delta.reshape(B, V)
+        else:
+            cls, soft, keep = np.zeros(B, np.int64), np.zeros((0, V), np.float64), None
+            loss = delta = self.output.reshape(B, V)            # unused without truth
+        row_loss = np.zeros(B, np.float64)
+        xent_forward(self.output.reshape(B, V), loss, delta, row_loss, x, cls, soft,
+                     float(self.label_smoothing), float(self.temperature), want)
+        if not want:
             self.token_mean = None
             return
-        self.allocate_training()
-        if s.truth.size != self.batch * max(self.truths, 1) and self.targets == "index":
-            raise StateError(f"[crossentropy] layer {self.index} reads 1 truth value (class id) per row, "
-                             f"got {s.truth.size // max(self.batch, 1)}")
-        q, keep = self.target_distribution(s.truth)
-        loss = -q * logp
-        self.loss[...] = loss
-        self.delta[...] = (q - p * q.sum(axis=1, keepdims=True)) / self.temperature
         self.counted = int(keep.sum())
-        self.cost = float(loss.sum())
+        self.cost = float(row_loss.sum())
         self.token_mean = self.cost / self.counted if self.counted else 0.0
 
     def backward(self, s: State) -> None:
