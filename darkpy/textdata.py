@@ -137,6 +137,12 @@ class TextData:
     def __len__(self) -> int:
         return self.samples
 
+    @property
+    def rows_per_sample(self) -> float:
+        """Batch rows one sample fills (for the log's epoch column): a byte is one row in stream
+        mode; a line is `time_steps / pack` rows in lines mode."""
+        return self.steps / self.pack if self.mode == "lines" else 1.0
+
     def plan(self, batch: int, seed: int):
         if self.mode == "lines":
             return BatchPlan(len(self.lines), batch // self.steps * self.pack, seed)

@@ -422,6 +422,12 @@ class TrainingLoop:
         self.size_changes: list[tuple[int, int, int]] = []
         self.final_map = None
 
+    def epochs(self) -> float:
+        """Passes over the training set so far: rows seen / rows per pass (a text line fills
+        `time_steps / pack` rows, an image or a byte one)."""
+        s = self.s
+        return self.net.seen / (len(s.train_paths) * getattr(s.dataset, "rows_per_sample", 1.0))
+
     def run(self) -> TrainResult:
         s = self.s
         interrupted = False
@@ -435,7 +441,7 @@ class TrainingLoop:
                     self.k += 1
                     k = self.k
                     self.avg = loss if self.avg < 0 else 0.9 * self.avg + 0.1 * loss
-                    rec = Record(k, self.net.seen / len(s.train_paths), loss, self.avg, cost_mean, rate,
+                    rec = Record(k, self.epochs(), loss, self.avg, cost_mean, rate,
                                  time.perf_counter() - t0, int(self.net.seen))
                     rec.grad_norm = self.net.grad_norm
                     done = k >= s.max_batches

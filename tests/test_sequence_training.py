@@ -316,3 +316,19 @@ def test_cli_generate_and_textscore(tmp_path):
     assert r.exit_code == 0 and "bits per character:" in r.output
     bad = runner.invoke(main, ["generate", str(cfg), str(tmp_path / "missing.weights")])
     assert bad.exit_code != 0 and "Traceback" not in bad.output
+
+
+@pytest.mark.parametrize("pack", [1, 2])
+def test_epoch_column_counts_lines_in_lines_mode(pack):
+    """The log's epoch is rows seen / (samples x rows per sample): in lines mode one pass over the
+    plan's lines is exactly one epoch, whatever `pack` is."""
+    net = network_from_text("[net]\nbatch=2\ntime_steps=12\ninputs=1\n[embedding]\nsize=4\n"
+                            "[connected]\noutput=256\nactivation=linear\n[crossentropy]\nignore_index=-1\n")
+    text = np.frombuffer(b"31=13\n2=2\n54=45\n7=7\n" * 2, np.uint8)
+    ds = TextData(text, net, "lines", pad=32, answer_after=ord("="), pack=pack)
+    rows = 24                                               # one pass: 24 rows
+    lines_per_pass = ds.plan(rows, 0).indices(0).size
+    passes = len(ds) // lines_per_pass                      # passes that read every line once
+    assert passes * rows / (len(ds) * ds.rows_per_sample) == pytest.approx(1.0)
+    stream = TextData(text, net, "stream")
+    assert stream.rows_per_sample == 1.0                    # a byte is a row
