@@ -379,7 +379,13 @@ def announce(setup: TrainSetup, progress: Progress, comm) -> None:
         split = f"{comm.size} ranks x {s.passes} x {net.batch}, {threads} thread{'s' if threads > 1 else ''} each"
     else:
         split = f"{net.config.subdivisions} x {net.batch}"
-    progress.message(f"Training {s.cfg} on {s.dc.train} ({len(s.train_paths)} images), {s.batch} images per "
+    if is_text_data(s.dc):               # bytes in stream mode, lines in lines mode; a row per byte
+        mode = getattr(s.dataset, "mode", "stream")
+        what = (f"{s.dc.raw['text']} ({len(s.train_paths)} {'lines' if mode == 'lines' else 'bytes'})",
+                "rows")
+    else:
+        what = (f"{s.dc.train} ({len(s.train_paths)} images)", "images")
+    progress.message(f"Training {s.cfg} on {what[0]}, {s.batch} {what[1]} per "
                      f"iteration ({split}), iterations {s.start + 1}..{s.max_batches}, seed {s.seed}; "
                      f"checkpoints in {os.path.join(s.backup_dir, '')}")
 
