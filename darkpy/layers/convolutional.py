@@ -49,6 +49,13 @@ WIDE_GEMM_ONLY_MAX_S = 128
 WINOGRAD = True
 WINOGRAD_MIN_TILES = 128
 WINOGRAD_MIN_CHANNELS = 16
+#: Batch items per Winograd chunk: as many as keep V and M (the transformed input and product) within
+#: WINOGRAD_CHUNK_VALUES, so that the 16 GEMMs read V from the cache the input transform wrote it
+#: to (shapes-tiny training 0.93x time at 1<<20 against the whole batch at once), but at least
+#: WINOGRAD_MIN_GEMM_TILES tiles, so the GEMMs stay wide enough for BLAS (cifar at b64 was 1.15x
+#: slower with one 196-tile item per chunk).
+WINOGRAD_CHUNK_VALUES = 1 << 20
+WINOGRAD_MIN_GEMM_TILES = 256
 #: Direct convolution (kernels/direct.py) for layers with at most 4 input channels and 32 filters
 #: (first layers): no im2col matrix, in the forward pass and the weight gradient (the input
 #: gradient, which a first layer never computes, stays im2col's). False: always im2col + GEMM.
@@ -236,7 +243,7 @@ class ConvolutionalLayer(Layer):
             # tiles of the forward's output, or of backward's (the input's size): the larger
             th, tw = max(wg.tiles(*self.out_shape[1:]), wg.tiles(*self.in_shape[1:]))
             # per item: V (c x tiles) and M (n x tiles), 16 of each; backward swaps c and n
-            self.wchunk = ic.chunk_items(16 * th * tw * (c + n), batch)
+            self.wchunk = _winograd_chunk(16 * th * tw * (c + n), th * tw, batch)
             tiles = self.wchunk * th * tw
             ic.reserve(_xi_size(n, c) + _xi_size(max(c, n), tiles) * 2, self.dtype)
         self._trained = False
@@ -469,6 +476,13 @@ class ConvolutionalLayer(Layer):
         return (f"conv  {filters} {self.size:2d} x{self.size:2d} /{stride}{dil}  "
                 f"{fmt_shape(self.in_shape)}   ->  {fmt_shape(self.out_shape)}  "
                 f"{self.flops() / 1e9:5.3f} BFLOPs")
+
+
+def _winograd_chunk(per_item: int, tiles: int, batch: int) -> int:
+    """Items per Winograd chunk for `per_item` values of V and M and `tiles` tiles per item."""
+    fit = WINOGRAD_CHUNK_VALUES // per_item
+    wide = -(-WINOGRAD_MIN_GEMM_TILES // tiles)
+    return max(1, min(batch, max(fit, wide), ic.CHUNK_VALUES // per_item))
 
 
 def _xi_size(a: int, b: int) -> int:
