@@ -181,14 +181,23 @@ def _maxpool_item(out, idx, x, bc, size, sy, sx, off, with_idx):
 def maxpool_backward(prev_delta, delta, idx):
     """prev_delta: (B, C*H*W) flat per item; delta, idx: (B, C*OH*OW). prev_delta[argmax] += delta.
     Parallel over batch items: two outputs of one item may share an argmax, so an item stays on one
-    thread."""
+    thread; serial below PARALLEL_MIN values."""
     B, n = delta.shape
+    if delta.size < PARALLEL_MIN:
+        for b in range(B):
+            _maxpool_backward_item(prev_delta, delta, idx, b)
+    else:
+        for b in prange(B):
+            _maxpool_backward_item(prev_delta, delta, idx, b)
+
+
+@jit(inline="always")
+def _maxpool_backward_item(prev_delta, delta, idx, b):
     per_item = prev_delta.shape[1]
-    for b in prange(B):
-        for k in range(n):
-            i = idx[b, k]
-            if i >= 0:
-                prev_delta[b, i - b * per_item] += delta[b, k]
+    for k in range(delta.shape[1]):
+        i = idx[b, k]
+        if i >= 0:
+            prev_delta[b, i - b * per_item] += delta[b, k]
 
 
 @pjit
