@@ -203,3 +203,52 @@ def test_im2col_and_col2im_match_reference(k, sy, sx, p, dil, nb, c, h, w):
         assert math.isclose((im2col_ref(onehot, k, sy, sx, pad, dil, oh, ow) * g).sum(),
                             back[idx] - base[idx], rel_tol=1e-9, abs_tol=1e-12)
         onehot[idx] = 0
+
+
+# -- training-only kernels with a serial branch (maxpool/upsample backward, softmax cross-entropy) ----
+@pytest.mark.parametrize("items", [2, 40])        # 2: below PARALLEL_MIN, 40: above it
+def test_maxpool_backward_both_branches(items):
+    from darkpy.layers.pooling import maxpool_backward
+    rng = np.random.default_rng(items)
+    n, per_item = 1024, 4096
+    idx = rng.integers(0, per_item, (items, n)) + np.arange(items)[:, None] * per_item
+    idx[:, ::7] = -1                                   # outputs without an argmax add nothing
+    delta = rng.standard_normal((items, n)).astype(np.float32)
+    prev = np.full((items, per_item), 0.5, np.float32)
+    assert (delta.size < PARALLEL_MIN) == (items == 2)
+    maxpool_backward(prev, delta, idx)
+    ref = np.full((items, per_item), 0.5)
+    for b in range(items):
+        keep = idx[b] >= 0
+        np.add.at(ref[b], idx[b][keep] - b * per_item, delta[b][keep].astype(np.float64))
+    assert_close(prev, ref, 1e-6, 1e-6, "maxpool_backward")
+
+
+@pytest.mark.parametrize("items", [2, 40])
+def test_upsample_backward_both_branches(items):
+    from darkpy.layers.upsample import upsample_backward
+    rng = np.random.default_rng(items)
+    delta = rng.standard_normal((items, 16, 30, 32)).astype(np.float32)
+    assert (delta.size < PARALLEL_MIN) == (items == 2)
+    prev = np.full((items, 16, 15, 16), 0.5, np.float32)
+    upsample_backward(prev, delta, 2, np.float32(0.5))
+    ref = 0.5 + 0.5 * delta.astype(np.float64).reshape(items, 16, 15, 2, 16, 2).sum((3, 5))
+    assert_close(prev, ref, 1e-6, 1e-6, "upsample_backward")
+
+
+@pytest.mark.parametrize("items", [2, 400])
+def test_softmax_xent_both_branches(items):
+    from darkpy.layers.softmax import softmax_xent
+    rng = np.random.default_rng(items)
+    groups, size, temp = 4, 25, 2.0
+    x = (rng.standard_normal((items, groups * size)) * 5).astype(np.float32)
+    assert (x.size < PARALLEL_MIN) == (items == 2)
+    z = x.astype(np.float64).reshape(items, groups, size) / temp
+    logp = z - z.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    p = np.exp(logp).reshape(items, -1).astype(np.float32)
+    t = (rng.random(x.shape) < 0.1).astype(np.float32)
+    delta, loss = np.zeros_like(x), np.zeros_like(x)
+    softmax_xent(delta, loss, p, x, t, groups, temp)
+    assert_close(delta, t - p, 1e-6, 1e-7, "softmax_xent delta")
+    assert_close(loss, np.where(t != 0, -logp.reshape(items, -1), 0), 1e-5, 1e-5, "softmax_xent loss")

@@ -99,11 +99,11 @@ def ref_argmax(x, size, sy, sx, padding):
 
 @pytest.mark.parametrize("size,sy,sx,padding", GEOMETRIES + [(2, 1, 1, 5), (3, 2, 2, 6)])
 @pytest.mark.parametrize("c", [3, 120])     # 120 planes: above PARALLEL_MIN inputs, the parallel loop
-def test_maxpool_argmax_and_inference_pass_match_reference(size, sy, sx, padding, c):
+@pytest.mark.parametrize("h,w", [(13, 17), (12, 16)])   # even: 2x2/2 takes the flattened-rows path
+def test_maxpool_argmax_and_inference_pass_match_reference(size, sy, sx, padding, c, h, w):
     """The training pass records the first maximum's index (many ties: values from a small set) at
     every window position, edge windows and windows entirely outside the image included; the
     inference pass, which records none, outputs the same values."""
-    h, w = 13, 17
     pad = size - 1 if padding is None else padding
     if (h + pad - size) // sy + 1 < 1 or (w + pad - size) // sx + 1 < 1:
         pytest.skip("window does not fit")

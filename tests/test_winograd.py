@@ -170,3 +170,19 @@ def test_adjoint_kernels(shape):
     dw = np.ones_like(w)
     wg.filters_adjoint_add(dw, du)
     assert np.isclose((u * du).sum(), (w * (dw - 1)).sum(), rtol=1e-12)
+
+
+def test_winograd_chunk_rule(monkeypatch):
+    """Items per chunk: what fits WINOGRAD_CHUNK_VALUES, raised to WINOGRAD_MIN_GEMM_TILES tiles,
+    within the batch and the workspace cap."""
+    monkeypatch.setattr(conv, "WINOGRAD_CHUNK_VALUES", 1000)
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_GEMM_TILES", 40)
+    assert conv._winograd_chunk(100, 4, 32) == 10          # fits 10 items (40 tiles)
+    assert conv._winograd_chunk(300, 4, 32) == 10          # fits 3, raised to 40 tiles
+    assert conv._winograd_chunk(300, 4, 6) == 6            # never more than the batch
+    assert conv._winograd_chunk(5000, 100, 8) == 1         # at least one item
+    monkeypatch.setattr(ic, "CHUNK_VALUES", 1500)
+    assert conv._winograd_chunk(300, 4, 32) == 5           # the workspace cap wins
+    net = network_from_text(CFG.format(batch=40, h=16, w=16, padding=1, bn=0))
+    layer = net.layers[0]
+    assert layer.winograd and 1 <= layer.wchunk <= 40

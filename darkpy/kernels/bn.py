@@ -20,8 +20,10 @@ its own forward). # darknet: both kept only behind this flag.
 """
 from __future__ import annotations
 
+import functools
 import math
 
+import numba
 from numba import prange
 
 from . import PARALLEL_MIN, jit, pjit, vjit
@@ -79,7 +81,42 @@ def _affine_act_row(row, k, off, a):
             row[s] = _act(row[s] * k + off, a)
 
 
-@vjit
+#: The row reductions (sums, dot products) may be reassociated: that is what lets the compiler
+#: vectorise them (measured 7-12x on a row of 4096 values; a channel's sum stays on one thread, so
+#: the result is deterministic). Not inlined into their callers, which would drop the flag.
+#: IEEE division (as `vjit`) too, so the activation derivatives inside them vectorise.
+_reduce_jit = functools.partial(numba.njit, cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
+
+
+@_reduce_jit
+def _row_sum(r):
+    """Σ r, accumulated in float64."""
+    acc = 0.0
+    for s in range(r.shape[0]):
+        acc += r[s]
+    return acc
+
+
+@_reduce_jit
+def _row_sqdev(r, m):
+    """Σ (r − m)², accumulated in float64."""
+    acc = 0.0
+    for s in range(r.shape[0]):
+        t = r[s] - m
+        acc += t * t
+    return acc
+
+
+@_reduce_jit
+def _row_dot(a, b):
+    """Σ a·b, accumulated in float64."""
+    acc = 0.0
+    for s in range(a.shape[0]):
+        acc += a[s] * b[s]
+    return acc
+
+
+@_reduce_jit
 def _grad_row(d, y, pre, a):
     """d: (S,) in place *= act'; y: (S,) activated output; pre: (S,) pre-activation (read only for the
     activations that need it). Returns Σ d after the multiplication."""
@@ -276,16 +313,11 @@ def _bn_train_channel(y, xnorm, mean, var, rolling_mean, rolling_var, scales, bi
     n = nb * ns
     acc = 0.0
     for b in range(nb):
-        r = y[b, c]
-        for s in range(ns):
-            acc += r[s]
+        acc += _row_sum(y[b, c])
     m = acc / n
     acc = 0.0
     for b in range(nb):
-        r = y[b, c]
-        for s in range(ns):
-            t = r[s] - m
-            acc += t * t
+        acc += _row_sqdev(y[b, c], m)
     v = acc / max(n - 1, 1)
     mean[c] = m
     var[c] = v
@@ -364,8 +396,7 @@ def _bn_grad_channel(delta, y, xnorm, var, scales, biases, bias_grad, scale_grad
             for s in range(ns):
                 p[s] = g * xn[s] + beta
         sd += _grad_row(d, y[b, c], pre[b, c], act)
-        for s in range(ns):
-            sdx += d[s] * xn[s]
+        sdx += _row_dot(d, xn)
     bias_grad[c] += sd
     scale_grad[c] += sdx
     v = var[c]

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..kernels import activations as act
 from ..kernels import bn as bnk
+from ..kernels import direct as dk
 from ..kernels import im2col as ic
 from ..kernels import winograd as wg
 from ..memory import param_ones, param_zeros
@@ -48,6 +49,18 @@ WIDE_GEMM_ONLY_MAX_S = 128
 WINOGRAD = True
 WINOGRAD_MIN_TILES = 128
 WINOGRAD_MIN_CHANNELS = 16
+#: Batch items per Winograd chunk: as many as keep V and M (the transformed input and product) within
+#: WINOGRAD_CHUNK_VALUES, so that the 16 GEMMs read V from the cache the input transform wrote it
+#: to (shapes-tiny training 0.93x time at 1<<20 against the whole batch at once), but at least
+#: WINOGRAD_MIN_GEMM_TILES tiles, so the GEMMs stay wide enough for BLAS (cifar at b64 was 1.15x
+#: slower with one 196-tile item per chunk).
+WINOGRAD_CHUNK_VALUES = 1 << 20
+WINOGRAD_MIN_GEMM_TILES = 256
+#: Direct convolution (kernels/direct.py) for layers with at most 4 input channels and 32 filters
+#: (first layers): no im2col matrix, in the forward pass and the weight gradient (the input
+#: gradient, which a first layer never computes, stays im2col's). False: always im2col + GEMM.
+DIRECT = True
+
 #: Padding (values) between the 16 matrices of a Winograd buffer: with it the 16 streams a transform
 #: reads or writes are not a power of two apart, which made them collide in the cache (measured 3x).
 XI_PAD = 16
@@ -126,6 +139,7 @@ class ConvolutionalLayer(Layer):
         self.chunk = 1
         self.wide = False
         self.winograd = False
+        self.direct = False
         self.wchunk = 1
         self._trained = False                      # last forward was in training mode
 
@@ -222,12 +236,14 @@ class ConvolutionalLayer(Layer):
         self.wgrad_tmp = np.zeros((0,), self.dtype)
         ic.reserve(self.chunk * (rows + ng) * cols, self.dtype)
         self.winograd = self._use_winograd(batch)
+        self.direct = not self.winograd and DIRECT and dk.supports(
+            self.in_shape[0], self.n, self.size, self.groups, self.dilation)
         if self.winograd:
             c, n = self.in_shape[0], self.n
             # tiles of the forward's output, or of backward's (the input's size): the larger
             th, tw = max(wg.tiles(*self.out_shape[1:]), wg.tiles(*self.in_shape[1:]))
             # per item: V (c x tiles) and M (n x tiles), 16 of each; backward swaps c and n
-            self.wchunk = ic.chunk_items(16 * th * tw * (c + n), batch)
+            self.wchunk = _winograd_chunk(16 * th * tw * (c + n), th * tw, batch)
             tiles = self.wchunk * th * tw
             ic.reserve(_xi_size(n, c) + _xi_size(max(c, n), tiles) * 2, self.dtype)
         self._trained = False
@@ -247,7 +263,7 @@ class ConvolutionalLayer(Layer):
         (swish/mish/...), BN's x̂ and the im2col path's weight-gradient scratch."""
         super().allocate_training()
         allocate_bias_bn_act_training(self)
-        if not self.winograd:
+        if not (self.winograd or self.direct):
             rows, _ = self.col_shape
             ng = self.n // self.groups
             self.wgrad_tmp = self.training_buffer(
@@ -310,8 +326,12 @@ class ConvolutionalLayer(Layer):
         if self.winograd:
             self._winograd(x, self.weights.value, self.padding, y.reshape(self.batch, self.n, oh, ow),
                            add=False)
+        elif self.direct:
+            dk.conv_forward(y.reshape(self.batch, self.n, oh, ow), x, self.weights.value,
+                            self.stride_y, self.stride_x, self.padding,
+                            dk.block_rows(oh, ow, self.size, self.stride_x))
         wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
-        for items, j, cin, fout in ([] if self.winograd else self._chunks()):
+        for items, j, cin, fout in ([] if self.winograd or self.direct else self._chunks()):
             col = self._columns(x[items, cin])
             yg = y[items, fout]
             if not self.wide:
@@ -336,8 +356,7 @@ class ConvolutionalLayer(Layer):
         wg.filters(u, w)
         for items, v, m in self._winograd_chunks(c, n, y.shape[2:]):
             wg.inputs(v, x[items], pad)
-            for xi in range(16):
-                np.matmul(u[xi], v[xi], out=m[xi])
+            np.matmul(u, v, out=m)          # the 16 GEMMs in one call (numpy loops over ξ)
             wg.outputs(y[items], m, add)
 
     def _winograd_chunks(self, c: int, n: int, out_hw: tuple):
@@ -361,8 +380,7 @@ class ConvolutionalLayer(Layer):
         for items, v, dm in self._winograd_chunks(c, n, dy.shape[2:]):
             wg.inputs(v, x[items], self.padding)
             wg.outputs_adjoint(dm, dy[items])
-            for xi in range(16):
-                np.matmul(dm[xi], v[xi].T, out=du[xi])
+            np.matmul(dm, v.transpose(0, 2, 1), out=du)
             wg.filters_adjoint_add(self.weights.grad, du)
 
     def backward(self, s: State) -> None:
@@ -376,9 +394,18 @@ class ConvolutionalLayer(Layer):
         rows, cols = self.col_shape
         if self.winograd:
             self._winograd_weight_grad(x, d.reshape(self.batch, self.n, oh, ow))
+        elif self.direct:
+            dk.conv_weight_grad(self.weights.grad, x, d.reshape(self.batch, self.n, oh, ow),
+                                self.stride_y, self.stride_x, self.padding,
+                                dk.block_rows(oh, ow, self.size, self.stride_x))
+            if prev is None:
+                return
         for items, j, cin, fout in ([] if self.winograd else self._chunks()):
             dg = d[items, fout]
             nb = dg.shape[0]
+            if self.direct:             # the weight gradient is done: the input gradient alone
+                self._input_grad_stacked(dg, prev[items, cin], wmat[j])
+                continue
             if not self.wide:
                 self._backward_stacked(dg, x[items, cin], None if prev is None else prev[items, cin],
                                        wmat[j], wgrad[j])
@@ -416,8 +443,13 @@ class ConvolutionalLayer(Layer):
         np.matmul(dg, col.transpose(0, 2, 1), out=tmp)
         for i in range(nb):
             wgrad += tmp[i]
-        if pg is None:
-            return
+        if pg is not None:
+            self._input_grad_stacked(dg, pg, w)
+
+    def _input_grad_stacked(self, dg, pg, w) -> None:
+        """pg += the input gradient of one chunk and group: col2im(wᵀ @ dg), stacked per item."""
+        _, oh, ow = self.out_shape
+        nb = dg.shape[0]
         dcol = ic.get((nb, *self.col_shape), self.dtype)
         np.matmul(w.T, dg, out=dcol)
         if self.is_gemm_only:
@@ -442,6 +474,13 @@ class ConvolutionalLayer(Layer):
         return (f"conv  {filters} {self.size:2d} x{self.size:2d} /{stride}{dil}  "
                 f"{fmt_shape(self.in_shape)}   ->  {fmt_shape(self.out_shape)}  "
                 f"{self.flops() / 1e9:5.3f} BFLOPs")
+
+
+def _winograd_chunk(per_item: int, tiles: int, batch: int) -> int:
+    """Items per Winograd chunk for `per_item` values of V and M and `tiles` tiles per item."""
+    fit = WINOGRAD_CHUNK_VALUES // per_item
+    wide = -(-WINOGRAD_MIN_GEMM_TILES // tiles)
+    return max(1, min(batch, max(fit, wide), ic.CHUNK_VALUES // per_item))
 
 
 def _xi_size(a: int, b: int) -> int:

@@ -73,24 +73,33 @@ def softmax_xent(delta, loss, p, x, t, groups, temp):
     """delta, loss, p, x, t: (B, n). delta = t - p; loss = -log p where t != 0, else 0.
 
     -log p is computed from the logits (log-sum-exp), so it stays finite where p underflows to 0
-    (darknet: -log of the stored float, which is inf there)."""
+    (darknet: -log of the stored float, which is inf there). Serial below PARALLEL_MIN values."""
     B, n = x.shape
-    size = n // groups
-    for bg in prange(B * groups):
-        b = bg // groups
-        lo = (bg % groups) * size
-        largest = _group_max(x, b, lo, size)
-        total = 0.0
-        for i in range(lo, lo + size):
-            total += math.exp(x[b, i] / temp - largest / temp)
-        lse = math.log(total)
-        for i in range(lo, lo + size):
-            delta[b, i] = t[b, i] - p[b, i]
-            if t[b, i] != 0:
-                # darknet: -log of the stored float p (inf where p underflows); same value otherwise
-                loss[b, i] = lse - (x[b, i] / temp - largest / temp)
-            else:
-                loss[b, i] = 0.0
+    if x.size < PARALLEL_MIN:
+        for bg in range(B * groups):
+            _xent_group(delta, loss, p, x, t, groups, temp, bg)
+    else:
+        for bg in prange(B * groups):
+            _xent_group(delta, loss, p, x, t, groups, temp, bg)
+
+
+@jit(inline="always")
+def _xent_group(delta, loss, p, x, t, groups, temp, bg):
+    size = x.shape[1] // groups
+    b = bg // groups
+    lo = (bg % groups) * size
+    largest = _group_max(x, b, lo, size)
+    total = 0.0
+    for i in range(lo, lo + size):
+        total += math.exp(x[b, i] / temp - largest / temp)
+    lse = math.log(total)
+    for i in range(lo, lo + size):
+        delta[b, i] = t[b, i] - p[b, i]
+        if t[b, i] != 0:
+            # darknet: -log of the stored float p (inf where p underflows); same value otherwise
+            loss[b, i] = lse - (x[b, i] / temp - largest / temp)
+        else:
+            loss[b, i] = 0.0
 
 
 @register

@@ -49,18 +49,28 @@ def upsample_forward(out, x, s, scale):
 @pjit
 def upsample_backward(prev_delta, delta, s, scale):
     """prev_delta: (B, C, H, W); delta: (B, C, H*s, W*s). prev_delta[y, x] += scale * the sum of
-    delta over the s x s block that (y, x) was copied to."""
-    B, C, H, W = prev_delta.shape
-    for bc in prange(B * C):
-        b = bc // C
-        c = bc % C
-        for y in range(H):
-            for i in range(W):
-                acc = 0.0 * scale
-                for dy in range(s):
-                    for dx in range(s):
-                        acc += delta[b, c, y * s + dy, i * s + dx]
-                prev_delta[b, c, y, i] += scale * acc
+    delta over the s x s block that (y, x) was copied to. Serial below PARALLEL_MIN values."""
+    B, C = prev_delta.shape[:2]
+    if delta.size < PARALLEL_MIN:
+        for bc in range(B * C):
+            _upsample_backward_plane(prev_delta, delta, s, scale, bc)
+    else:
+        for bc in prange(B * C):
+            _upsample_backward_plane(prev_delta, delta, s, scale, bc)
+
+
+@jit(inline="always")
+def _upsample_backward_plane(prev_delta, delta, s, scale, bc):
+    C, H, W = prev_delta.shape[1:]
+    b = bc // C
+    c = bc % C
+    for y in range(H):
+        for i in range(W):
+            acc = 0.0 * scale
+            for dy in range(s):
+                for dx in range(s):
+                    acc += delta[b, c, y * s + dy, i * s + dx]
+            prev_delta[b, c, y, i] += scale * acc
 
 
 @pjit

@@ -1,0 +1,95 @@
+"""Median time of one darkpy step of a suite network, for A/B comparisons of code versions on a busy
+machine (not a benchmark: nothing is compared with other frameworks, nothing is published).
+
+    python -m benchmarks.step_time digits train 32 --reps 200           # CPU time, 1 thread
+    python -m benchmarks.step_time shapes-tiny infer 1 --threads 2      # wall time, 2 threads
+
+With one thread it reports process CPU time, which other jobs on the machine disturb far less than
+wall time (cache and memory-bandwidth sharing remain); with more threads (or --wall) wall time.
+The network gets the suite's input size, random sane weights (benchmarks.engine.sane_weights),
+random input and truth, three warm-up steps, then `--reps` timed steps; it prints the median in ms.
+
+A/B of two trees: run it alternately from each tree's root (PYTHONPATH=<tree>), several rounds, and
+compare the medians of the per-process medians, e.g.
+
+    for i in 1 2 3 4; do for t in /tmp/old .; do (cd $t && PYTHONPATH=$PWD python -m benchmarks.step_time \\
+        digits train 32 --reps 200); done; done
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+
+from darkpy.process import set_command_environment
+
+set_command_environment()            # the darkpy command's OpenMP/OpenBLAS settings, before numpy
+
+import numpy as np  # noqa: E402
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("network", help="a suite network (benchmarks/run.py), e.g. digits, shapes-tiny")
+    ap.add_argument("mode", choices=["train", "infer"])
+    ap.add_argument("batch", type=int)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--wall", action="store_true", help="wall time even with one thread")
+    args = ap.parse_args(argv)
+
+    from darkpy.cfg import CfgWarning, load_cfg
+    from darkpy.network import Network
+    from darkpy.runtime import configure_threads
+
+    from .engine import random_truth, sane_weights
+    from .run import SUITE
+
+    spec = {s.name: s for s in SUITE}.get(args.network)
+    if spec is None:
+        sys.exit(f"unknown network {args.network!r}; one of: {', '.join(s.name for s in SUITE)}")
+    configure_threads(args.threads)
+    clock = time.process_time if args.threads == 1 and not args.wall else time.perf_counter
+    doc = load_cfg(spec.cfg)
+    if spec.size:
+        doc.set("net.width", str(spec.size))
+        doc.set("net.height", str(spec.size))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CfgWarning)
+        net = Network(doc, batch=args.batch)
+    sane_weights(net.layers)
+    rng = np.random.default_rng(0)
+    x = rng.random((args.batch, *net.input_shape), dtype=np.float32)
+    yolos = [l for l in net.layers if l.kind == "yolo"]
+    if yolos:
+        truth = random_truth(rng, args.batch, {"max_boxes": max(l.max_boxes for l in yolos),
+                                               "classes": yolos[0].classes})
+    else:
+        truth = np.zeros((args.batch, net.truths), np.float32)
+        truth[np.arange(args.batch), rng.integers(0, net.truths, args.batch)] = 1
+    train = args.mode == "train"
+
+    def step():
+        if train:
+            net.forward(x, truth, train=True)
+            net.backward()
+            net.update(1e-3)
+        else:
+            net.forward(x)
+
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(args.reps):
+        t0 = clock()
+        step()
+        times.append(clock() - t0)
+    kind = "wall" if clock is time.perf_counter else "cpu"
+    print(f"{np.median(times) * 1e3:.4f} ms ({kind}, {args.threads} thread(s), min {min(times) * 1e3:.4f}, "
+          f"load {os.getloadavg()[0]:.2f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""The direct convolution of few-channel layers (kernels/direct.py): the kernels against a float64
+correlation, both branches (serial below PARALLEL_MIN, parallel above), and the layer's direct path
+against its im2col path and central differences."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import darkpy.layers.convolutional as conv
+from darkpy.kernels import PARALLEL_MIN
+from darkpy.kernels import direct as dk
+from darkpy.layers.base import State
+from darkpy.network import network_from_text
+from helpers import layer_gradcheck
+
+
+def correlation(x, w, sy, sx, pad):
+    """Darknet's convolution (a cross-correlation) in float64, by shifted slices."""
+    B, C, H, W = x.shape
+    N, _, k, _ = w.shape
+    oh, ow = (H + 2 * pad - k) // sy + 1, (W + 2 * pad - k) // sx + 1
+    xp = np.zeros((B, C, H + 2 * pad, W + 2 * pad))
+    xp[:, :, pad:pad + H, pad:pad + W] = x
+    y = np.zeros((B, N, oh, ow))
+    for ky in range(k):
+        for kx in range(k):
+            patch = xp[:, :, ky:ky + sy * (oh - 1) + 1:sy, kx:kx + sx * (ow - 1) + 1:sx]
+            y += np.einsum("bchw,nc->bnhw", patch, w[:, :, ky, kx])
+    return y
+
+
+def weight_grad(x, d, k, sy, sx, pad):
+    """dL/dw of L = sum(d * correlation(x, w)), one basis filter at a time."""
+    n, c = d.shape[1], x.shape[1]
+    g = np.zeros((n, c, k, k))
+    for ci in range(c):
+        for ky in range(k):
+            for kx in range(k):
+                e = np.zeros((1, c, k, k))
+                e[0, ci, ky, kx] = 1
+                g[:, ci, ky, kx] = np.einsum("bnhw,bhw->n", d, correlation(x, e, sy, sx, pad)[:, 0])
+    return g
+
+
+# (batch, channels, h, w, filters, k, stride_y, stride_x, pad)
+SHAPES = [(2, 3, 9, 11, 5, 3, 2, 2, 1), (3, 1, 16, 16, 16, 3, 1, 1, 1), (2, 3, 8, 7, 4, 3, 1, 1, 0),
+          (1, 2, 5, 5, 3, 1, 1, 1, 0), (2, 4, 13, 10, 6, 5, 3, 3, 2), (2, 3, 6, 6, 4, 3, 1, 1, 2),
+          (1, 1, 1, 1, 2, 3, 1, 1, 1), (2, 2, 7, 9, 3, 2, 1, 2, 0), (1, 3, 9, 9, 7, 7, 2, 1, 3)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("rows", [0, 1, 2])
+def test_kernels_match_float64_correlation(shape, rows):
+    """Forward and weight gradient, for strides 1-3 (also unequal), paddings 0-3, kernels 1-7,
+    odd sizes and a 1-pixel image, with the default row blocks and with 1- and 2-row blocks."""
+    B, C, H, W, N, k, sy, sx, pad = shape
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal((B, C, H, W))
+    w = rng.standard_normal((N, C, k, k))
+    ref = correlation(x, w, sy, sx, pad)
+    rows = rows or dk.block_rows(ref.shape[2], ref.shape[3], k, sx)
+    y = np.full(ref.shape, np.nan)
+    dk.conv_forward(y, x, w, sy, sx, pad, rows)
+    np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
+    d = rng.standard_normal(ref.shape)
+    dw = np.full(w.shape, 0.25)
+    dk.conv_weight_grad(dw, x, d, sy, sx, pad, rows)
+    np.testing.assert_allclose(dw, 0.25 + weight_grad(x, d, k, sy, sx, pad), rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_parallel_branch_equals_reference(stride):
+    """Above PARALLEL_MIN output values (the parallel branches), float32 within rounding."""
+    B, C, H, W, N = 4, 3, 50, 46, 16
+    assert B * N * (H // stride) * (W // stride) > PARALLEL_MIN
+    rng = np.random.default_rng(stride)
+    x = rng.standard_normal((B, C, H, W)).astype(np.float32)
+    w = rng.standard_normal((N, C, 3, 3)).astype(np.float32)
+    ref = correlation(x, w, stride, stride, 1)
+    y = np.zeros(ref.shape, np.float32)
+    rows = dk.block_rows(ref.shape[2], ref.shape[3], 3, stride)
+    dk.conv_forward(y, x, w, stride, stride, 1, rows)
+    scale = correlation(np.abs(x), np.abs(w), stride, stride, 1).max()
+    assert np.abs(y - ref).max() <= 1e-6 * scale
+    d = rng.standard_normal(ref.shape).astype(np.float32)
+    dw = np.zeros(w.shape, np.float32)
+    dk.conv_weight_grad(dw, x, d, stride, stride, 1, rows)
+    g = weight_grad(x.astype(np.float64), d.astype(np.float64), 3, stride, stride, 1)
+    assert np.abs(dw - g).max() <= 1e-5 * np.abs(g).max()
+
+
+CFG = """[net]
+batch={batch}
+height={h}
+width={w}
+channels={c}
+[convolutional]
+filters={n}
+size={k}
+stride={s}
+padding={pad}
+batch_normalize={bn}
+activation=leaky
+"""
+
+
+def _net(monkeypatch, direct, dtype=np.float64, **kw):
+    monkeypatch.setattr(conv, "DIRECT", direct)
+    opts = dict(batch=3, h=9, w=8, c=3, n=6, k=3, s=1, pad=1, bn=0) | kw
+    net = network_from_text(CFG.format(**opts), dtype=dtype)
+    assert net.layers[0].direct is direct
+    return net
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(bn=1), dict(s=2, pad=1), dict(k=1, pad=0, c=1),
+                                dict(k=5, pad=2, s=2, c=4)])
+def test_layer_direct_equals_im2col(monkeypatch, kw):
+    """Output, input delta (direct's layer falls back to col2im for it) and weight/bias/scale
+    gradients of the direct path equal the im2col path's (float64)."""
+    results = []
+    for direct in (False, True):
+        net = _net(monkeypatch, direct, **kw)
+        layer = net.layers[0]
+        layer.init_weights(np.random.default_rng(1))
+        x = np.random.default_rng(2).uniform(-1, 1, net.input.shape)
+        net.forward(x, train=True)
+        out = layer.output.copy()
+        layer.delta[...] = np.random.default_rng(3).standard_normal(layer.delta.shape)
+        for p in layer.params:
+            p.grad.fill(0.5)
+        grads = []
+        for prev in (np.full(x.shape, 0.5), None):      # with an input gradient, and without one
+            layer.backward(State(input=x, delta=prev, truth=None, train=True, layers=net.layers, net=net))
+            grads += [prev] + [p.grad.copy() for p in layer.params]
+            layer.delta[...] = np.random.default_rng(3).standard_normal(layer.delta.shape)
+            net.forward(x, train=True)
+            layer.delta[...] = np.random.default_rng(3).standard_normal(layer.delta.shape)
+        results.append([out] + [g for g in grads if g is not None])
+        monkeypatch.undo()
+    for a, b in zip(*results):
+        np.testing.assert_allclose(b, a, rtol=1e-11, atol=1e-11)
+    assert not np.allclose(results[0][1], 0.5)      # the input delta was really added to
+
+
+@pytest.mark.parametrize("kw", [dict(bn=1), dict(s=2, c=1, n=4)])
+def test_layer_direct_gradcheck(kw):
+    opts = dict(batch=2, h=7, w=6, c=3, n=5, k=3, s=1, pad=1, bn=0) | kw
+    net = layer_gradcheck(CFG.format(**opts), 0)
+    assert net.layers[0].direct
+
+
+def test_direct_only_where_it_applies():
+    """More than 4 channels or 32 filters, groups and dilation keep im2col."""
+    base = dict(batch=2, h=8, w=8, c=4, n=16, k=3, s=1, pad=1, bn=0)
+    for kw, expected in ((dict(), True), (dict(c=3), True), (dict(c=5), False), (dict(n=33), False),
+                         (dict(n=32, c=1), True)):
+        net = network_from_text(CFG.format(**(base | kw)))
+        assert net.layers[0].direct is expected, kw
+    for extra in ("groups=2\n", "dilation=2\n"):
+        net = network_from_text(CFG.format(**base) + extra)
+        assert not net.layers[0].direct, extra
