@@ -43,7 +43,7 @@ def main() -> None:
         spec.loader.exec_module(gen)
         gen.generate(shapes, n=a.images, size=a.size, seed=0)
     tag = "mosaic" if a.mosaic else "plain"
-    run_dir = out / tag
+    run_dir = out / f"{tag}-s{a.seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     data = run_dir / "shapes.data"
     data.write_text(f"classes=4\ntrain={shapes / 'train.list'}\nvalid={shapes / 'valid.list'}\n"
