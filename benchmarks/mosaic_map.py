@@ -36,8 +36,6 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--mosaic", action="store_true")
-    p.add_argument("--min-visible", type=float, default=0.0,
-                   help="with --mosaic: darkpy's [net] mosaic_min_visible (0: the fork's rule)")
     p.add_argument("--compare", action="store_true", help="both arms, every seed of --seeds")
     p.add_argument("--seeds", default="1", help="with --compare: comma-separated seeds")
     p.add_argument("--jobs", type=int, default=2, help="with --compare: runs at a time")
@@ -72,7 +70,7 @@ def compare(a) -> None:
         arm, seed = run
         cmd = [sys.executable, __file__, "--out", a.out, "--size", str(a.size), "--images", str(a.images),
                "--iterations", str(a.iterations), "--threads", str(a.threads), "--seed", str(seed)]
-        cmd += ["--mosaic", "--min-visible", str(a.min_visible)] if arm == "mosaic" else []
+        cmd += ["--mosaic"] if arm == "mosaic" else []
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if done.returncode:
@@ -101,9 +99,7 @@ def run_one(a) -> None:
 
     out = Path(a.out)
     shapes = _dataset(out, a.images, a.size)
-    tag = "plain"
-    if a.mosaic:
-        tag = f"mosaic-v{a.min_visible:g}" if a.min_visible else "mosaic"
+    tag = "mosaic" if a.mosaic else "plain"
     run_dir = out / f"{tag}-s{a.seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     data = run_dir / "shapes.data"
@@ -123,8 +119,6 @@ def run_one(a) -> None:
     if a.mosaic:
         doc.set("net.mosaic", "1")
         doc.set("net.mosaic_bound", "1")
-        if a.min_visible:
-            doc.set("net.mosaic_min_visible", str(a.min_visible))
     cfg = run_dir / "shapes-tiny.cfg"
     doc.write(cfg)
     settings = Settings(threads=a.threads)
@@ -136,7 +130,7 @@ def run_one(a) -> None:
     run = run_valid(net, data)
     dk = map_of_run(run, 0.5, metric="darknet")
     coco = map_of_run(run, metric="coco")
-    print(json.dumps({"mosaic": a.mosaic, "min_visible": a.min_visible if a.mosaic else None, "size": a.size, "images": a.images, "iterations": n, "seed": a.seed,
+    print(json.dumps({"mosaic": a.mosaic, "size": a.size, "images": a.images, "iterations": n, "seed": a.seed,
                       "valid_images": len(run.paths), "map50": dk.map_all, "coco_ap": coco.coco["AP"],
                       "coco_ap50": coco.coco["AP50"], "train_s": round(took, 1)}))
 

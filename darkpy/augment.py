@@ -14,9 +14,6 @@ function of (seed, k). Boxes are [x, y, w, h, class] relative to the net input a
   quadrant (the fork's rule, and what the pixels show); with 0 they are clipped to the input only, as
   the fork does (a box may reach into a neighbour quadrant). darkpy drops a box with no visible
   pixel in its quadrant (the fork can keep it) and, as the fork, boxes under a pixel wide or high.
-  `[net] mosaic_min_visible=f` (darkpy's, default 0: the fork's rule) also drops a box of which less
-  than the fraction f of its area (in its own augmented image) lies in its quadrant, as
-  Ultralytics' box_candidates does after its mosaic; its pixels stay, as background.
 - `mixup=1`: the fork's `mixup`: the item and another are blended 50/50 with p = 1/2 per item and
   both box lists kept (the fork draws once per load). With `mosaic=1` too, an item that is not a
   mosaic is a mixup with p = 1/2 (darkpy's own: the fork's parser keeps only mosaic then).
@@ -47,7 +44,6 @@ class AugmentOptions:
     blur: int = 0
     gaussian_noise: int = 0
     letter_box: bool = False
-    min_visible: float = 0.0        # darkpy's mosaic_min_visible (module doc)
 
     @classmethod
     def from_net(cls, net_cfg) -> "AugmentOptions":
@@ -56,8 +52,7 @@ class AugmentOptions:
             return default if v is None else v
 
         return cls(bool(get("mosaic")), bool(get("mosaic_bound")), bool(get("mixup")), bool(get("cutmix")),
-                   int(get("blur")), int(get("gaussian_noise")), bool(get("letter_box")),
-                   float(get("mosaic_min_visible", 0.0)))
+                   int(get("blur")), int(get("gaussian_noise")), bool(get("letter_box")))
 
     @property
     def active(self) -> bool:
@@ -112,11 +107,7 @@ def mosaic(data, k, rng, w, h, opt) -> tuple[np.ndarray, np.ndarray]:
         sh_x, sh_y = (qx - sx) / w, (qy - sy) / h
         x0, x1, y0, y1 = x0 + sh_x, x1 + sh_x, y0 + sh_y, y1 + sh_y
         bx0, bx1, by0, by1 = qx / w, (qx + qw) / w, qy / h, (qy + qh) / h
-        vis_w = np.minimum(x1, bx1) - np.maximum(x0, bx0)
-        vis_h = np.minimum(y1, by1) - np.maximum(y0, by0)
-        visible = (vis_w > 0) & (vis_h > 0)
-        if opt.min_visible > 0:         # darkpy's mosaic_min_visible: drop the slivers of cut boxes
-            visible &= vis_w * vis_h >= opt.min_visible * (x1 - x0) * (y1 - y0)
+        visible = (np.minimum(x1, bx1) > np.maximum(x0, bx0)) & (np.minimum(y1, by1) > np.maximum(y0, by0))
         if opt.mosaic_bound:
             x0, x1, y0, y1 = np.clip(x0, bx0, bx1), np.clip(x1, bx0, bx1), np.clip(y0, by0, by1), np.clip(y1, by0, by1)
         else:

@@ -43,7 +43,7 @@ badlabels_rejection_percentage num_sigmas_reject_badlabels ema_alpha use_cuda_gr
 dynamic_minibatch optimized_memory workspace_size_limit_MB flip blur gaussian_noise mixup cutmix mosaic
 letter_box mosaic_bound contrastive contrastive_jit_flip contrastive_color unsupervised label_smooth_eps
 resize_step attention adversarial_lr max_chart_loss show_receptive_field max_epochs
-adamw weight_decay clip_norm warmup mosaic_min_visible
+adamw weight_decay clip_norm warmup
 """.split())
 
 
@@ -100,7 +100,6 @@ class NetConfig:
     blur: int = 0
     gaussian_noise: int = 0
     letter_box: int = 0
-    mosaic_min_visible: float = 0.0   # darkpy: drop mosaic boxes showing less of their area (augment.py)
     seen: int = 0
     # darkpy (optim.py): AdamW, global-norm gradient clipping, linear warm-up
     adamw: bool = False
@@ -128,7 +127,7 @@ class NetConfig:
             setattr(c, key, sec.get_int(key, getattr(c, key)))
         for key in ("learning_rate", "momentum", "decay", "power", "scale", "gamma", "B1", "B2", "eps",
                     "angle", "aspect", "saturation", "exposure", "hue", "clip", "learning_rate_min",
-                    "max_ratio", "min_ratio", "weight_decay", "clip_norm", "label_smooth_eps", "mosaic_min_visible"):
+                    "max_ratio", "min_ratio", "weight_decay", "clip_norm", "label_smooth_eps"):
             setattr(c, key, sec.get_float(key, getattr(c, key)))
         c.adam = sec.get_bool("adam", False)
         c.adamw = sec.get_bool("adamw", False)
