@@ -4,7 +4,8 @@ The output folder gets `images/` (links to the source images, copies where links
 `labels/` (one `class x y w h` file per image, image-relative centre and size, as Darknet reads them
 beside `images/`; an image keeps its sub-path, so COCO's `a/1.jpg` and `b/1.jpg` become
 `images/a/1.jpg` and `images/b/1.jpg` with `labels/a/1.txt` and `labels/b/1.txt`; two images that
-would still share a label file, such as `1.jpg` and `1.png`, are refused naming both), `train.txt` / `valid.txt` (a seeded split), `<name>.names` and `<name>.data`.
+would still share a label file, such as `1.jpg` and `1.png`, are refused naming both),
+`train.txt` / `valid.txt` (a seeded split), `<name>.names` and `<name>.data`.
 
 Boxes are skipped, and reported with the reason, when they have no area (w or h <= 0), lie wholly
 outside the image, name a class that is not in the list, are COCO crowd regions or VOC difficult
