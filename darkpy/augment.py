@@ -10,10 +10,11 @@ function of (seed, k). Boxes are [x, y, w, h, class] relative to the net input a
   what it trains on are plain images), a cut point (cx, cy), each drawn uniformly in [0.2, 0.8] of
   the width/height (the fork's min_offset), splits the input into 4 quadrants; each gets its own
   augmented image (the item itself and 3 others drawn from the dataset), of which a window of the
-  quadrant's size, at a random offset, is copied in. Boxes are moved with the window. `mosaic_bound=1` clips them to their
-  quadrant (the fork's rule, and what the pixels show); with 0 they are clipped to the input only, as
-  the fork does (a box may reach into a neighbour quadrant). darkpy drops a box with no visible
-  pixel in its quadrant (the fork can keep it) and, as the fork, boxes under a pixel wide or high.
+  quadrant's size, at a random offset, is copied in. Boxes are moved with the window.
+  `mosaic_bound=1` clips them to their quadrant (the fork's rule, and what the pixels show); with 0
+  they are clipped to the input only, as the fork does (a box may reach into a neighbour quadrant).
+  darkpy drops a box with no visible pixel in its quadrant (the fork can keep it) and, as the fork,
+  boxes under a pixel wide or high.
 - `mixup=1`: the fork's `mixup`: the item and another are blended 50/50 with p = 1/2 per item and
   both box lists kept (the fork draws once per load). With `mosaic=1` too, an item that is not a
   mosaic is a mixup with p = 1/2 (darkpy's own: the fork's parser keeps only mosaic then).
