@@ -1,11 +1,20 @@
 """mAP of cfg/shapes-tiny.cfg trained with and without `mosaic=1` on the bundled shapes generator.
 
-    python benchmarks/mosaic_map.py --out /tmp/mosaic --size 128 --images 1500 --iterations 600 \\
-        --threads 8 [--mosaic] [--seed 1]
+One run (one arm, one seed):
+
+    python benchmarks/mosaic_map.py --out /tmp/mosaic --size 128 --images 3000 --iterations 1500 \\
+        --threads 1 [--mosaic] [--seed 1]
+
+Both arms over several seeds, as parallel subprocesses (the figures in the README):
+
+    python benchmarks/mosaic_map.py --out /tmp/mosaic --size 128 --images 3000 --iterations 1500 \\
+        --threads 1 --compare --seeds 1,2 --jobs 4
 
 Generates the dataset (once per --out), edits a copy of the cfg (size, schedule, mosaic), trains
-with the seed, and prints one JSON line: the settings, mAP@0.5 (darknet rules, all-point) and COCO's
-AP@[.5:.95] on the held-out images, and the training time.
+with the seed, and prints one JSON line per run: the settings, mAP@0.5 (darknet rules, all-point) and
+COCO's AP@[.5:.95] on the held-out images, and the training time. `--compare` runs every (arm, seed)
+with the same data, schedule and seeds, then prints each arm's runs and mean. A run's folder is
+<out>/<plain|mosaic>-s<seed>.
 """
 from __future__ import annotations
 
@@ -27,7 +36,60 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--mosaic", action="store_true")
+    p.add_argument("--compare", action="store_true", help="both arms, every seed of --seeds")
+    p.add_argument("--seeds", default="1", help="with --compare: comma-separated seeds")
+    p.add_argument("--jobs", type=int, default=2, help="with --compare: runs at a time")
     a = p.parse_args()
+    if a.compare:
+        compare(a)
+        return
+    run_one(a)
+
+
+def _dataset(out: Path, images: int, size: int) -> Path:
+    shapes = out / f"shapes{size}"
+    if not (shapes / "valid.list").is_file():
+        spec = importlib.util.spec_from_file_location("gen", ROOT / "data" / "shapes" / "generate.py")
+        gen = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gen)
+        gen.generate(shapes, n=images, size=size, seed=0)
+    return shapes
+
+
+def compare(a) -> None:
+    """Every (arm, seed) as a subprocess of this script, --jobs at a time; a summary per arm."""
+    import os
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    _dataset(Path(a.out), a.images, a.size)          # once, before the runs share it
+    runs = [(arm, int(seed)) for seed in a.seeds.split(",") for arm in ("plain", "mosaic")]
+
+    def one(run):
+        arm, seed = run
+        cmd = [sys.executable, __file__, "--out", a.out, "--size", str(a.size), "--images", str(a.images),
+               "--iterations", str(a.iterations), "--threads", str(a.threads), "--seed", str(seed)]
+        cmd += ["--mosaic"] if arm == "mosaic" else []
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+        line = done.stdout.strip().splitlines()[-1]
+        print(line, flush=True)
+        return json.loads(line)
+
+    with ThreadPoolExecutor(max(a.jobs, 1)) as pool:
+        results = list(pool.map(one, runs))
+    for arm in ("plain", "mosaic"):
+        rs = [r for r in results if r["mosaic"] == (arm == "mosaic")]
+        m50 = sum(r["map50"] for r in rs) / len(rs)
+        ap = sum(r["coco_ap"] for r in rs) / len(rs)
+        seeds = ", ".join(f"s{r['seed']} {r['map50']:.4f}/{r['coco_ap']:.4f}" for r in rs)
+        print(f"{arm:7s} mAP@0.5 mean {m50:.4f}, COCO AP mean {ap:.4f}  ({seeds})")
+
+
+def run_one(a) -> None:
 
     from darkpy.cfg import load_cfg
     from darkpy.detect import map_of_run, run_valid
@@ -36,14 +98,9 @@ def main() -> None:
     from darkpy.train import configure_threads, train
 
     out = Path(a.out)
-    shapes = out / f"shapes{a.size}"
-    if not (shapes / "valid.list").is_file():
-        spec = importlib.util.spec_from_file_location("gen", ROOT / "data" / "shapes" / "generate.py")
-        gen = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(gen)
-        gen.generate(shapes, n=a.images, size=a.size, seed=0)
+    shapes = _dataset(out, a.images, a.size)
     tag = "mosaic" if a.mosaic else "plain"
-    run_dir = out / tag
+    run_dir = out / f"{tag}-s{a.seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     data = run_dir / "shapes.data"
     data.write_text(f"classes=4\ntrain={shapes / 'train.list'}\nvalid={shapes / 'valid.list'}\n"

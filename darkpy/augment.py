@@ -6,16 +6,18 @@ function of (seed, k). Boxes are [x, y, w, h, class] relative to the net input a
 
 - `letter_box=1`: the placement keeps the image's aspect ratio (no aspect jitter), at a random
   offset on the grey canvas.
-- `mosaic=1`: a cut point (cx, cy), each drawn uniformly in [0.2, 0.8] of the width/height (the
-  fork's min_offset), splits the input into 4 quadrants; each gets its own augmented image (the item
-  itself and 3 others drawn from the dataset), of which a window of the quadrant's size, at a random
-  offset, is copied in. Boxes are moved with the window. `mosaic_bound=1` clips them to their
-  quadrant (the fork's rule, and what the pixels show); with 0 they are clipped to the input only, as
-  the fork does (a box may reach into a neighbour quadrant). darkpy drops a box with no visible
-  pixel in its quadrant (the fork can keep it) and, as the fork, boxes under a pixel wide or high.
+- `mosaic=1`: with p = 1/2 per image (the fork turns mosaic off for half of its loads, so half of
+  what it trains on are plain images), a cut point (cx, cy), each drawn uniformly in [0.2, 0.8] of
+  the width/height (the fork's min_offset), splits the input into 4 quadrants; each gets its own
+  augmented image (the item itself and 3 others drawn from the dataset), of which a window of the
+  quadrant's size, at a random offset, is copied in. Boxes are moved with the window.
+  `mosaic_bound=1` clips them to their quadrant (the fork's rule, and what the pixels show); with 0
+  they are clipped to the input only, as the fork does (a box may reach into a neighbour quadrant).
+  darkpy drops a box with no visible pixel in its quadrant (the fork can keep it) and, as the fork,
+  boxes under a pixel wide or high.
 - `mixup=1`: the fork's `mixup`: the item and another are blended 50/50 with p = 1/2 per item and
-  both box lists kept (the fork draws once per batch). With `mosaic=1` too, each item is a mosaic
-  or a mixup with p = 1/2 (the fork's use_mixup=4).
+  both box lists kept (the fork draws once per load). With `mosaic=1` too, an item that is not a
+  mosaic is a mixup with p = 1/2 (darkpy's own: the fork's parser keeps only mosaic then).
 - `cutmix=1`: darkpy's detector cutmix (the fork has none for detectors): with p = 1/2 a rectangle
   of 30-70 % of each side, at a random place, is pasted from another augmented image; the other
   image's boxes are clipped to it (dropped when nothing is left), the item's boxes are kept.
@@ -168,16 +170,14 @@ def blur(img: np.ndarray, boxes: np.ndarray, level: int, rng) -> np.ndarray:
 def augmented_sample(data, k: int, rng: np.random.Generator, w: int, h: int,
                      opt: AugmentOptions) -> tuple[np.ndarray, np.ndarray]:
     """One training sample of item k under `opt` (module doc): image (3, h, w), boxes (m, 5)."""
-    use_mosaic = opt.mosaic
-    use_mixup = opt.mixup
-    if opt.mosaic and opt.mixup:                 # the fork's use_mixup=4: one of the two
-        use_mosaic = rng.random() < 0.5
-        use_mixup = not use_mosaic
-    if use_mosaic:
+    # darknet: load_data_detection turns mosaic (and mixup) off for half of its loads
+    # (`random_gen() % 2 == 0`), so only about half the training images are mosaics; darkpy tosses
+    # the coin per image (the fork per loader thread's share of the batch)
+    if opt.mosaic and rng.random() < 0.5:
         img, boxes = mosaic(data, k, rng, w, h, opt)
     else:
         img, boxes = _one(data, k, rng, w, h, opt)
-        if use_mixup and rng.random() < 0.5:
+        if opt.mixup and rng.random() < 0.5:
             img, boxes = mixup(data, k, rng, w, h, opt, (img, boxes))
     if opt.cutmix and rng.random() < 0.5:
         img, boxes = cutmix(data, k, rng, w, h, opt, (img, boxes))

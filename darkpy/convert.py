@@ -2,7 +2,10 @@
 
 The output folder gets `images/` (links to the source images, copies where links are not possible),
 `labels/` (one `class x y w h` file per image, image-relative centre and size, as Darknet reads them
-beside `images/`), `train.txt` / `valid.txt` (a seeded split), `<name>.names` and `<name>.data`.
+beside `images/`; an image keeps its sub-path, so COCO's `a/1.jpg` and `b/1.jpg` become
+`images/a/1.jpg` and `images/b/1.jpg` with `labels/a/1.txt` and `labels/b/1.txt`; two images that
+would still share a label file, such as `1.jpg` and `1.png`, are refused naming both),
+`train.txt` / `valid.txt` (a seeded split), `<name>.names` and `<name>.data`.
 
 Boxes are skipped, and reported with the reason, when they have no area (w or h <= 0), lie wholly
 outside the image, name a class that is not in the list, are COCO crowd regions or VOC difficult
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -64,18 +68,41 @@ def _link(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def _write_dataset(out: str, name: str, names: list[str], items: list[tuple[str, list[str]]],
+def output_name(name: str) -> str:
+    """The path under images/ of an image named `name` in the annotations (COCO's file_name, VOC's
+    filename): its relative sub-path, normalised, without a drive, leading separators or `..`."""
+    parts = os.path.normpath(re.sub(r"^[A-Za-z]:", "", name.replace("\\", "/"))).replace("\\", "/").split("/")
+    kept = [q for q in parts if q not in ("", ".", "..")]
+    return "/".join(kept) or os.path.basename(name)
+
+
+def _unique_outputs(items: list[tuple[str, str, list[str]]]) -> None:
+    """A clear error when two images would share an output image or label file."""
+    seen: dict[str, str] = {}
+    for src, rel, _ in items:
+        for key in ("images/" + rel, "labels/" + os.path.splitext(rel)[0] + ".txt"):
+            other = seen.setdefault(key, src)
+            if other != src:
+                raise DataError(f"{other} and {src} would both be written as {key} in the output folder; "
+                                f"rename one of them")
+
+
+def _write_dataset(out: str, name: str, names: list[str], items: list[tuple[str, str, list[str]]],
                    valid_fraction: float, seed: int, r: ConvertResult) -> ConvertResult:
-    """items: (source image path, label lines). Writes images/, labels/, lists, .names, .data."""
+    """items: (source image path, its name under images/ (`output_name`), label lines). Writes
+    images/, labels/, lists, .names, .data."""
+    _unique_outputs(items)
     img_dir, lab_dir = os.path.join(out, "images"), os.path.join(out, "labels")
     os.makedirs(img_dir, exist_ok=True)
     os.makedirs(lab_dir, exist_ok=True)
     paths = []
-    for src, lines in items:
-        base = os.path.basename(src)
-        dst = os.path.join(img_dir, base)
+    for src, rel, lines in items:
+        dst = os.path.join(img_dir, *rel.split("/"))
+        label = os.path.join(lab_dir, *(os.path.splitext(rel)[0] + ".txt").split("/"))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        os.makedirs(os.path.dirname(label), exist_ok=True)
         _link(src, dst)
-        with open(os.path.join(lab_dir, os.path.splitext(base)[0] + ".txt"), "w") as f:
+        with open(label, "w") as f:
             f.writelines(line + "\n" for line in lines)
         paths.append(os.path.abspath(dst))
     n_valid = int(round(len(paths) * valid_fraction))
@@ -148,7 +175,7 @@ def convert_coco(annotations: str, images: str, out: str, valid_fraction: float 
                 r.boxes -= 1
                 r.skip(f"image {im['id']} ({im['file_name']})", "image file missing")
             continue
-        items.append((src, per_image[im["id"]]))
+        items.append((src, output_name(im["file_name"]), per_image[im["id"]]))
     return _write_dataset(out, name, r.names, items, valid_fraction, seed, r)
 
 
@@ -217,8 +244,8 @@ def convert_voc(annotations: str, images: str, out: str, valid_fraction: float =
                 r.skip(f"{path} ({filename})", "image file missing")
             continue
         r.boxes += len(lines)
-        items.append((src, lines))
-        difficult_labels[os.path.basename(src)] = hard
+        items.append((src, output_name(filename), lines))
+        difficult_labels[output_name(filename)] = hard
     r = _write_dataset(out, name, r.names, items, valid_fraction, seed, r)
     _write_difficult(out, r, difficult_labels)
     return r
@@ -230,15 +257,17 @@ def _write_difficult(out: str, r: ConvertResult, labels: dict[str, list[str]]) -
     if not any(labels.values()):
         return
     lab_dir = os.path.join(out, "difficult", "labels")
-    os.makedirs(lab_dir, exist_ok=True)
-    for base, lines in labels.items():
-        with open(os.path.join(lab_dir, os.path.splitext(base)[0] + ".txt"), "w") as f:
+    for rel, lines in labels.items():
+        label = os.path.join(lab_dir, *(os.path.splitext(rel)[0] + ".txt").split("/"))
+        os.makedirs(os.path.dirname(label), exist_ok=True)
+        with open(label, "w") as f:
             f.writelines(line + "\n" for line in lines)
     with open(r.valid_path) as f:
-        valid = f.read().split()
+        valid = f.read().splitlines()
+    img_dir = os.path.abspath(os.path.join(out, "images"))
     dif_list = os.path.join(out, "difficult.txt")
     with open(dif_list, "w") as f:
-        f.writelines(os.path.abspath(os.path.join(out, "difficult", "images", os.path.basename(p))) + "\n"
+        f.writelines(os.path.abspath(os.path.join(out, "difficult", "images", os.path.relpath(p, img_dir))) + "\n"
                      for p in valid)
     with open(r.data_path, "a") as f:
         f.write(f"difficult={os.path.abspath(dif_list)}\n")

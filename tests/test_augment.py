@@ -121,6 +121,21 @@ def test_mosaic_uses_four_images_and_quadrant_bounds(red_boxes):
     assert max(counts) > single                 # boxes from the other quadrants' images
 
 
+def test_mosaic_is_applied_to_about_half_the_images(red_boxes, monkeypatch):
+    """The fork turns mosaic off for half of its loads (`random_gen() % 2 == 0`): about half of what
+    it trains on are plain images. darkpy tosses that coin per image."""
+    import darkpy.augment as augment
+    _, paths = red_boxes
+    d = dataset(paths, mosaic=True, mosaic_bound=True)
+    calls = []
+    real = augment.mosaic
+    monkeypatch.setattr(augment, "mosaic", lambda *a: calls.append(1) or real(*a))
+    n = 400
+    for k in range(n):
+        augmented_sample(d, k % len(paths), augment_rng(5, k), 48, 40, d.options)
+    assert 0.43 < len(calls) / n < 0.57, len(calls)
+
+
 def test_mixup_blends_and_keeps_both_box_lists(red_boxes):
     _, paths = red_boxes
     d = dataset(paths, mixup=True)

@@ -14,7 +14,7 @@ from PIL import Image
 from darkpy.anchors import average_iou, calc_anchors, kmeans_iou, read_label_sizes
 from darkpy.cfg import load_cfg
 from darkpy.cli import main
-from darkpy.datasets import read_box_labels, read_data_file
+from darkpy.datasets import label_path_for, read_box_labels, read_data_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -205,3 +205,56 @@ def test_from_voc_converts_reports_and_trains(tmp_path):
     hard = read_box_labels(str(out / "difficult" / "labels" / "img000.txt"), 2)[0]
     np.testing.assert_allclose(hard[0], [(1 + 8) / 2 / 64, (1 + 8) / 2 / 48, 7 / 64, 7 / 48, 0], atol=1e-5)
     _train_a_little(out / "dataset.data", tmp_path)
+
+
+def _coco_doc(entries):
+    """entries: (file_name, w, h, [(cls, x0, y0, x1, y1)]) -> COCO instances dict (ids from 1)."""
+    images, anns = [], []
+    for k, (name, w, h, objs) in enumerate(entries, 1):
+        images.append({"id": k, "file_name": name, "width": w, "height": h})
+        anns += [{"id": len(anns) + 1, "image_id": k, "category_id": c + 1, "iscrowd": 0,
+                  "bbox": [x0, y0, x1 - x0, y1 - y0]} for c, x0, y0, x1, y1 in objs]
+    return {"images": images, "annotations": anns, "categories": [{"id": 1, "name": "red"}, {"id": 2, "name": "green"}]}
+
+
+def test_from_coco_keeps_sub_folders_of_images_sharing_a_basename(tmp_path):
+    """COCO file_names a/img000.png and b/img000.png: both kept, as images/a/... and images/b/..., each
+    with its own labels (Darknet's images -> labels rule finds them), stable across runs."""
+    src = tmp_path / "src"
+    entries = []
+    for k, sub in enumerate(("a", "b", "b/deep")):
+        (name, w, h, objs), = _toy_images(src / sub, 1, np.random.default_rng(k))
+        entries.append((f"{sub}/{name}", w, h, objs))
+    assert len({Path(e[0]).name for e in entries}) == 1          # one basename, three folders
+    ann = tmp_path / "instances.json"
+    ann.write_text(json.dumps(_coco_doc(entries)))
+    outs = []
+    for run in ("one", "two"):
+        out = tmp_path / run
+        r = CliRunner().invoke(main, ["labels", "from-coco", str(ann), "--images", str(src), "--out", str(out),
+                                      "--valid-fraction", "0"])
+        assert r.exit_code == 0, r.output
+        outs.append(out)
+        listed = (out / "train.txt").read_text().split()
+        assert sorted(listed) == sorted(str((out / "images" / e[0]).absolute()) for e in entries)
+        for path, (name, w, h, objs) in zip(sorted(listed), sorted(entries)):
+            assert np.array_equal(np.asarray(Image.open(path)), np.asarray(Image.open(src / name)))
+            boxes, bad = read_box_labels(label_path_for(path), 2)
+            assert not bad and len(boxes) == len(objs)
+            c, x0, y0, x1, y1 = objs[0]
+            np.testing.assert_allclose(boxes[0], [(x0 + x1) / 2 / w, (y0 + y1) / 2 / h, (x1 - x0) / w,
+                                                  (y1 - y0) / h, c], atol=1e-5)
+    a, b = ([p.relative_to(o) for p in sorted(o.rglob("*.txt"))] for o in outs)
+    assert a == b and Path("labels/b/deep/img000.txt") in a
+
+
+def test_from_coco_refuses_two_images_that_would_share_a_label_file(tmp_path):
+    src = tmp_path / "src"
+    (name, w, h, objs), = _toy_images(src, 1, np.random.default_rng(0))
+    Image.open(src / name).save(src / "img000.jpg")
+    ann = tmp_path / "instances.json"
+    ann.write_text(json.dumps(_coco_doc([(name, w, h, objs), ("img000.jpg", w, h, objs)])))
+    r = CliRunner().invoke(main, ["labels", "from-coco", str(ann), "--images", str(src), "--out", str(tmp_path / "o")])
+    assert r.exit_code != 0
+    msg = r.output.strip().splitlines()[-1]
+    assert "img000.png" in msg and "img000.jpg" in msg and "labels/img000.txt" in msg

@@ -146,3 +146,21 @@ def test_a_vanishing_sigma_gives_no_delta_instead_of_a_crash():
     gaussian_box_delta(delta, out, 0, 0, 1, 0, 0, 1, 1, 1.0, 1.0, 1, 1, 0.3, 0.3, 0.5, 0.5, 1.5, -1, 1.0, 1.0,
                        math.inf)
     assert np.all(np.isfinite(delta)) and delta[0, 2] == 0 and delta[0, 3] == 0 and delta[0, 4] != 0
+
+
+@pytest.mark.parametrize("kind, anchors", [("iou", [0, 1]), ("diou", [0, 1]), ("giou", [0]), ("ciou", [0])])
+def test_iou_thresh_kind_selects_the_extra_anchors(kind, anchors):
+    """A 3x1 px truth: best anchor 0 (1x1); anchor 1 (2x3) has IoU .286, GIoU .063 (neither holds the
+    other), CIoU .250 (aspect penalty), DIoU = IoU (same centre); iou_thresh=.27 keeps it only for
+    iou and diou."""
+    net = network_from_text(_cfg(extra=f"ignore_thresh=.99\niou_thresh=.27\niou_thresh_kind={kind}\n"),
+                            dtype=np.float64)
+    layer = net.layers[0]
+    x = np.random.default_rng(2).normal(size=net.input.shape)
+    truth = np.zeros(net.truth.shape)
+    truth[0, :5] = [0.6, 0.3, 0.75, 0.25, 1]
+    net.forward(x, truth, train=True)
+    out = layer.output.reshape(2, E, 4, 4)
+    d = layer.delta.reshape(2, E, 4, 4)
+    positive = np.isclose(d[:, 8], 1 - out[:, 8], rtol=0, atol=1e-12)
+    assert sorted(map(tuple, np.argwhere(positive).tolist())) == [(a, 1, 2) for a in anchors]

@@ -66,7 +66,7 @@ def test_golden_yolo_whole_network():
 
 def yolo_reference(z, truth, *, mask, classes=CLASSES, lw=LW, lh=LH, net=NET, ignore=0.5, truth_thresh=1.0,
                    iou_norm=1.0, obj_norm=1.0, cls_norm=1.0, sxy=1.0, eps=0.0, iou_thresh=1.0, max_boxes=8,
-                   new_coords=False):
+                   new_coords=False, thresh_kind="iou"):
     """Darknet's yolo training forward, slowly. Returns (act, T, W): delta = W·(T - act) elementwise."""
     B, n, E = z.shape[0], len(mask), 5 + classes
     z = z.reshape(B, n, E, lh, lw)
@@ -121,9 +121,10 @@ def yolo_reference(z, truth, *, mask, classes=CLASSES, lw=LW, lh=LH, net=NET, ig
         for t in boxes:
             i, j = min(int(t[0] * lw), lw - 1), min(int(t[1] * lh), lh - 1)
             shape = [ref_iou((0, 0, w / net, h / net), (0, 0, t[2], t[3])) for w, h in ANCHORS]
-            best_n = int(np.argmax(shape))
+            best_n = int(np.argmax(shape))      # always plain IoU; iou_thresh_kind only for the extras
+            extra = [ref_quality(thresh_kind, (0, 0, w / net, h / net), (0, 0, t[2], t[3])) for w, h in ANCHORS]
             for a, k in enumerate(mask):
-                if k != best_n and not (iou_thresh < 1 and shape[k] > iou_thresh):
+                if k != best_n and not (iou_thresh < 1 and extra[k] > iou_thresh):
                     continue
                 set_box(b, a, j, i, t, ANCHORS[k])
                 T[b, a, 4, j, i], W[b, a, 4, j, i] = 1.0, obj_norm
@@ -193,6 +194,9 @@ CASES = {
                     "label_smooth_eps=.1", {"iou_norm": 0.5, "obj_norm": 2.0, "cls_norm": 0.7, "sxy": 1.1,
                                             "eps": 0.1}),
     "iou_thresh": ("0,1,2", "iou_thresh=.25", {"iou_thresh": 0.25}),
+    "iou_thresh_giou": ("0,1,2", "iou_thresh=.25\niou_thresh_kind=giou", {"iou_thresh": 0.25, "thresh_kind": "giou"}),
+    "iou_thresh_diou": ("0,1,2", "iou_thresh=.25\niou_thresh_kind=diou", {"iou_thresh": 0.25, "thresh_kind": "diou"}),
+    "iou_thresh_ciou": ("0,1,2", "iou_thresh=.25\niou_thresh_kind=ciou", {"iou_thresh": 0.25, "thresh_kind": "ciou"}),
 }
 
 
@@ -369,3 +373,50 @@ def test_class_map_file_is_read_and_checked(tmp_path, head):
     assert net.layers[1].class_map.tolist() == [1, 0]
     with pytest.raises(CfgError, match=r"^t\.cfg:\d+ \[section #1 \w+\] map: .*needs >= 1 ids, each in 0\.\.1"):
         network_from_text(cfg(bad), file="t.cfg")
+
+
+
+def _positives(extra, z, truth):
+    """(image, anchor, row, col) of the slots trained as objects (objectness delta 1 - p)."""
+    layer, _ = _run_head(yolo_cfg("0,1,2", extra), z, truth)
+    d = layer.delta.reshape(z.shape)
+    out = layer.output.reshape(z.shape)
+    return {tuple(p) for p in np.argwhere(np.isclose(d[:, :, 4], 1 - out[:, :, 4], rtol=0, atol=1e-12)).tolist()}
+
+
+def test_iou_thresh_kind_changes_the_extra_anchors():
+    """iou_thresh=.355 on a fixed batch: truth A (7x5 px) has best anchor 1 (6x5) and anchor 2 (5x9) at
+    IoU .455, GIoU .327 (neither box holds the other), CIoU .444; truth B (2x8 px) has best anchor 0
+    (3x4) and anchor 2 at IoU = GIoU .356 (B fits inside it), CIoU .354 (aspect penalty). So giou
+    drops A's extra anchor, ciou drops B's, diou (= IoU for shapes centred together) drops none."""
+    rng = np.random.default_rng(3)
+    z = rng.normal(0, 0.7, size=(1, 3, 5 + CLASSES, LH, LW))
+    truth = np.zeros((1, 8 * 5))
+    truth[0, :10] = (0.30, 0.40, 7 / NET, 5 / NET, 1, 0.80, 0.70, 2 / NET, 8 / NET, 2)
+    a_cell, b_cell = (1, 1), (2, 3)                           # (row, col)
+    got = {k: _positives(f"iou_thresh=.355\niou_thresh_kind={k}", z, truth) for k in ("iou", "giou", "diou", "ciou")}
+    slots = lambda anchors_a, anchors_b: ({(0, a, *a_cell) for a in anchors_a} |
+                                          {(0, a, *b_cell) for a in anchors_b})
+    assert _positives("", z, truth) == slots([1], [0])       # best anchors only
+    assert got["iou"] == got["diou"] == slots([1, 2], [0, 2])
+    assert got["giou"] == slots([1], [0, 2])
+    assert got["ciou"] == slots([1, 2], [0])
+    # the same sets from the slow reference's measures (the fork's box_iou_kind on shapes)
+    for k, chosen in got.items():
+        expected = set()
+        for t, cell in zip(valid_truths(truth[0], CLASSES, 8), (a_cell, b_cell)):
+            shapes = [(0, 0, w / NET, h / NET) for w, h in ANCHORS]
+            best_n = int(np.argmax([ref_iou(s, (0, 0, t[2], t[3])) for s in shapes]))
+            expected |= {(0, a, *cell) for a in range(3)
+                         if a == best_n or ref_quality(k, shapes[a], (0, 0, t[2], t[3])) > 0.355}
+        assert chosen == expected, k
+    # and the deltas equal the slow reference's
+    for k in got:
+        layer, _ = _run_head(yolo_cfg("0,1,2", f"iou_thresh=.355\niou_thresh_kind={k}"), z, truth)
+        act, T, W = yolo_reference(z, truth, mask=[0, 1, 2], iou_thresh=0.355, thresh_kind=k)
+        assert_close(layer.delta.reshape(act.shape), W * (T - act), 1e-9, 1e-12, k)
+
+
+def test_iou_thresh_kind_bad_value_is_one_line_error():
+    with pytest.raises(CfgError, match="iou_thresh_kind"):
+        network_from_text(yolo_cfg("0,1,2", "iou_thresh=.25\niou_thresh_kind=eiou"))

@@ -11,7 +11,8 @@ Training (truth given, rows `[x, y, w, h, class]` as `[yolo]`): Darknet's rules 
 objectness delta `obj_normalizer·(0 − obj)`, cleared when its box overlaps a truth (whose class
 some class probability of the slot exceeds 0.25 for) by more than `ignore_thresh`; a positive where
 the overlap passes `truth_thresh`; every truth trains the best-shaped anchor among all `num` (if
-masked here) and, with `iou_thresh < 1`, every masked anchor whose shape IoU passes it. Box deltas
+masked here) and, with `iou_thresh < 1`, every masked anchor whose shape IoU (of the kind
+`iou_thresh_kind`, as `[yolo]`) passes it. Box deltas
 (accumulated, then divided by the number of classes with a positive delta at that slot, Darknet's
 averaging), with scale `s = 2 − w·h` and targets as `[yolo]`:
 - μ of x, y, w, h with `iou_loss=mse`: `½·s·d/σ²`, d = target − μ — the negative gradient of
@@ -38,7 +39,7 @@ from ..kernels import PARALLEL_MIN, jit, pjit
 from ..kernels.boxes import IOU_KINDS, box_iou, iou_kind_grad
 from .base import Layer, State, register
 from .yolo import (BoxHead, _class_delta, _truth_cell, _valid_truth, read_class_map, read_head_anchors,
-                   truth_boxes)
+                   shape_quality, truth_boxes)
 
 MSE = -1
 BOX = 8                                   # entries before objectness: 4 coordinates x (μ, σ)
@@ -138,7 +139,7 @@ def _class_match(out, b, cidx, hw, classes):
 @jit
 def gaussian_delta(delta, stats, out, truth, biases, mask, class_map, lw, lh, net_w, net_h, classes, max_boxes,
                    ignore_thresh, truth_thresh, iou_kind, iou_norm, uc_norm, obj_norm, eps, max_delta,
-                   iou_thresh):
+                   iou_thresh, thresh_kind):
     """Darknet's forward_gaussian_yolo_layer training rules (module docstring). delta, out:
     (batch, n*entries*hw); truth: (batch, 5*max)."""
     B = out.shape[0]
@@ -195,8 +196,8 @@ def gaussian_delta(delta, stats, out, truth, biases, mask, class_map, lw, lh, ne
                 if k != best_n:
                     if iou_thresh >= 1.0:
                         continue
-                    if box_iou(0.0, 0.0, biases[2 * k] / net_w, biases[2 * k + 1] / net_h, 0.0, 0.0,
-                               tw, th) <= iou_thresh:
+                    if shape_quality(thresh_kind, biases[2 * k] / net_w, biases[2 * k + 1] / net_h,
+                                     tw, th) <= iou_thresh:
                         continue
                 base = a * entries * hw + j * lw + i
                 oidx, cidx = base + BOX * hw, base + (BOX + 1) * hw
@@ -248,6 +249,7 @@ class GaussianYoloLayer(BoxHead, Layer):
         self.iou_loss = MSE
         self.iou_normalizer, self.uc_normalizer, self.obj_normalizer = 0.75, 1.0, 1.0
         self.label_smooth_eps, self.max_delta, self.iou_thresh = 0.0, math.inf, 1.0
+        self.iou_thresh_kind = IOU_KINDS["iou"]
         self.nms_kind, self.beta_nms = "default", 0.6
         self.stats: dict[str, float] = {}
         self._stats = np.zeros(8, np.float64)
@@ -271,6 +273,7 @@ class GaussianYoloLayer(BoxHead, Layer):
         sec.get_float("resize", 1.0)
         kind = sec.get_choice("iou_loss", ("mse", *IOU_KINDS), "mse")
         layer.iou_loss = MSE if kind == "mse" else IOU_KINDS[kind]
+        layer.iou_thresh_kind = IOU_KINDS[sec.get_choice("iou_thresh_kind", tuple(IOU_KINDS), "iou")]
         layer.nms_kind = sec.get_choice("nms_kind", ("default", "greedynms", "diounms", "cornersnms"), "default")
         if sec.get_choice("yolo_point", ("center", "left_top", "right_bottom"), "center") != "center":
             raise sec.error("yolo_point other than center is not supported by darkpy", "yolo_point")
@@ -305,7 +308,7 @@ class GaussianYoloLayer(BoxHead, Layer):
                        self.class_map, w, h, net_w, net_h, self.classes, truth_boxes(self, s.truth),
                        self.ignore_thresh, self.truth_thresh, self.iou_loss, self.iou_normalizer,
                        self.uc_normalizer, self.obj_normalizer, self.label_smooth_eps, self.max_delta,
-                       self.iou_thresh)
+                       self.iou_thresh, self.iou_thresh_kind)
         np.square(self.delta, out=self.loss)
         self.cost = float(self.loss.sum())
         st = self._stats

@@ -33,6 +33,12 @@ The fork's loss options:
 - `iou_thresh=t < 1`: every masked anchor whose shape IoU with the truth is above t is a positive
   too; box deltas of several truths on one slot then add up and are divided by the number of
   positive class deltas there (the fork's averages_yolo_deltas).
+- `iou_thresh_kind=iou|giou|diou|ciou`: the measure compared with `iou_thresh` (the best anchor is
+  still chosen by plain IoU), of the anchor and the truth both centred at 0 (the fork's
+  box_iou_kind on shapes): GIoU = IoU - (C - U)/C with C the larger width times the larger height,
+  so it is below IoU whenever neither box contains the other; DIoU equals IoU (the centres coincide);
+  CIoU = IoU - alpha·v penalises a different aspect ratio (v = 4/pi²·(atan(w/h) - atan(wt/ht))²,
+  alpha = v/(1 - IoU + v)). So giou and ciou select the same anchors or fewer than iou.
 - `objectness_smooth=1`: a slot whose best IoU passes ignore_thresh gets the objectness target IoU
   instead of no delta (the fork keeps the larger of the deltas towards 0 and towards the IoU); a
   truth_thresh positive gets IoU² for objectness and its class; an anchor positive keeps any
@@ -58,7 +64,7 @@ from numba import prange
 
 from ..errors import StateError
 from ..kernels import PARALLEL_MIN, jit, pjit
-from ..kernels.boxes import IOU_KINDS, box_iou, iou_kind_grad
+from ..kernels.boxes import IOU, IOU_KINDS, box_iou, iou_kind_grad
 from .base import Layer, State, register
 
 MSE = -1
@@ -66,7 +72,7 @@ MSE = -1
 _IOU, _CAT, _OBJ, _ANYOBJ, _R50, _R75, _COUNT, _BAD = range(8)
 
 #: fork keys darkpy reads but does not implement: a non-default value is warned about
-_IGNORED_KEYS = {"delta_normalizer": "1", "iou_thresh_kind": "iou", "track_history_size": None, "sim_thresh": None,
+_IGNORED_KEYS = {"delta_normalizer": "1", "track_history_size": None, "sim_thresh": None,
                  "dets_for_track": None, "dets_for_show": None, "track_ciou_norm": None,
                  "embedding_layer": None, "show_details": None}
 
@@ -240,6 +246,14 @@ def _valid_truth(truth, b, t, classes):
 
 
 @jit
+def shape_quality(kind, aw, ah, tw, th):
+    """The fork's box_iou_kind(anchor, truth) with both centred at 0 (`iou_thresh_kind`)."""
+    if kind == IOU:
+        return box_iou(0.0, 0.0, aw, ah, 0.0, 0.0, tw, th)
+    return iou_kind_grad(kind, 0.0, 0.0, aw, ah, 0.0, 0.0, tw, th)[0]
+
+
+@jit
 def _truth_cell(truth, b, t, class_map, lw, lh):
     """Truth box t of item b (truth: (batch, 5*max)): x, y, w, h, mapped class, and its cell i, j."""
     tx, ty = truth[b, 5 * t], truth[b, 5 * t + 1]
@@ -253,7 +267,7 @@ def _truth_cell(truth, b, t, class_map, lw, lh):
 @jit
 def yolo_delta(delta, stats, out, truth, biases, mask, class_map, lw, lh, net_w, net_h, classes,
                max_boxes, ignore_thresh, truth_thresh, iou_kind, iou_norm, obj_norm, cls_norm, eps,
-               max_delta, iou_thresh, new_coords, focal, class_mult, obj_smooth):
+               max_delta, iou_thresh, new_coords, focal, class_mult, obj_smooth, thresh_kind):
     """Darknet's yolo training deltas (module doc) into `delta` (zeroed by the caller)."""
     # delta, out: (batch, n*(5+classes)*lw*lh); truth: (batch, >= 5*max_boxes); biases: (2*total,)
     # mask: (n,) anchor index per slot; class_map: (classes,) or more; stats: (8,) float64 sums
@@ -323,8 +337,8 @@ def yolo_delta(delta, stats, out, truth, biases, mask, class_map, lw, lh, net_w,
                 if k != best_n:
                     if iou_thresh >= 1.0:
                         continue
-                    shape_iou = box_iou(0.0, 0.0, biases[2 * k] / net_w, biases[2 * k + 1] / net_h,
-                                        0.0, 0.0, tw, th)
+                    shape_iou = shape_quality(thresh_kind, biases[2 * k] / net_w, biases[2 * k + 1] / net_h,
+                                              tw, th)
                     if shape_iou <= iou_thresh:
                         continue
                 idx = a * entries * hw + j * lw + i
@@ -482,6 +496,7 @@ class YoloLayer(BoxHead, Layer):
         self.label_smooth_eps = 0.0
         self.max_delta = math.inf
         self.iou_thresh = 1.0
+        self.iou_thresh_kind = IOU
         self.new_coords = False
         self.focal_loss = False
         self.objectness_smooth = False
@@ -522,6 +537,7 @@ class YoloLayer(BoxHead, Layer):
         layer.label_smooth_eps = sec.get_float("label_smooth_eps", 0.0)
         layer.max_delta = sec.get_float("max_delta", math.inf)
         layer.iou_thresh = sec.get_float("iou_thresh", 1.0)
+        layer.iou_thresh_kind = IOU_KINDS[sec.get_choice("iou_thresh_kind", tuple(IOU_KINDS), "iou")]
         layer.new_coords = sec.get_bool("new_coords", False)
         layer.focal_loss = sec.get_bool("focal_loss", False)
         layer.objectness_smooth = sec.get_bool("objectness_smooth", False)
@@ -562,7 +578,8 @@ class YoloLayer(BoxHead, Layer):
                    self.mask, self.class_map, w, h, net_w, net_h, self.classes, truth_boxes(self, s.truth),
                    self.ignore_thresh, self.truth_thresh, self.iou_loss, self.iou_normalizer,
                    self.obj_normalizer, self.cls_normalizer, self.label_smooth_eps, self.max_delta,
-                   self.iou_thresh, self.new_coords, self.focal_loss, self.class_mult, self.objectness_smooth)
+                   self.iou_thresh, self.new_coords, self.focal_loss, self.class_mult, self.objectness_smooth,
+                   self.iou_thresh_kind)
         np.square(self.delta, out=self.loss)
         self.cost = float(self.loss.sum())
         self._set_stats(self.batch * self.n * hw)
