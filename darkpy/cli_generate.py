@@ -50,8 +50,12 @@ def generate_command(cfg, weights, seed_text, length, temp, srand, threads):
 @click.option("--data", "data", type=click.Path(dir_okay=False), help="The .data file (default: by the cfg's name).")
 @click.option("--streams", type=click.IntRange(min=1), default=16, show_default=True,
               help="Parallel segments the held-out text is read as.")
+@click.option("--stride", type=click.IntRange(min=1),
+              help="A Transformer's window step: each byte is scored after at least time_steps - stride "
+                   "bytes of context (default time_steps/2; time_steps = non-overlapping windows). "
+                   "Recurrent networks carry their state instead.")
 @click.option("--threads", type=click.IntRange(min=0), help="numba/BLAS threads (0 = all cores).")
-def textscore_command(cfg, weights, data, streams, threads):
+def textscore_command(cfg, weights, data, streams, stride, threads):
     """Score WEIGHTS on the .data file's `valid` text: bits per character, and for a `sequences=lines`
     task the exact-match rate (every answer byte the most likely one)."""
     from .datafile import load_data_config, resolve_data_file
@@ -63,5 +67,5 @@ def textscore_command(cfg, weights, data, streams, threads):
         rate, n = exact_match(cfg, weights, data)
         click.echo(f"exact match: {100 * rate:.2f} % of {n} held-out lines")
         return
-    bpc, n = text_bpc(cfg, weights, valid_text_file(cfg, data), streams)
+    bpc, n = text_bpc(cfg, weights, valid_text_file(cfg, data), streams, stride=stride)
     click.echo(f"bits per character: {bpc:.4f} on {n} held-out bytes")

@@ -13,8 +13,12 @@ Two kinds of network:
   later positions from mattering) and the distribution at the last real position is sampled.
 
 `text_bpc` is the mean cross-entropy in bits per byte (character) of held-out text, read as
-`streams` contiguous segments of `time_steps`-byte windows (the state carried across windows for a
-recurrent network; a Transformer sees at most `time_steps` bytes of context). `exact_match` scores a
+`streams` contiguous segments. A recurrent network reads each segment in `time_steps`-byte windows
+with its state carried across them (every byte scored with all the text before it in its segment).
+A Transformer sees at most `time_steps` bytes, so it reads overlapping windows `stride` bytes apart
+(default `time_steps / 2`) and scores only each window's last `stride` bytes (the first window: all
+of them): every byte is scored once, after at least `time_steps - stride` bytes of context, the
+usual sliding-window evaluation. `stride=time_steps` is plain non-overlapping windows. `exact_match` scores a
 padded-lines task: a line counts when every answer target is the network's most likely byte (the
 same as greedy decoding of the answer).
 """
@@ -126,8 +130,11 @@ def _row_logprob(net, x: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(p, 1e-300))
 
 
-def text_bpc(cfg, weights, path: str, streams: int = 16, limit: int | None = None) -> tuple[float, int]:
-    """(bits per byte, bytes scored) of the text file `path` under the network."""
+def text_bpc(cfg, weights, path: str, streams: int = 16, limit: int | None = None,
+             stride: int | None = None) -> tuple[float, int]:
+    """(bits per byte, bytes scored) of the text file `path` under the network; `stride`: a
+    Transformer's window step (module docstring; default time_steps / 2, ignored by a recurrent
+    network)."""
     net = load_text_network(cfg, weights, streams=streams)
     _set_temperature(net, 1.0)
     text = np.fromfile(path, np.uint8).astype(np.int64)
@@ -139,17 +146,25 @@ def text_bpc(cfg, weights, path: str, streams: int = 16, limit: int | None = Non
     if seg == 0:
         raise DarkpyError(f"{path}: too short to score ({text.size} bytes for {streams} streams of {T})")
     recurrent = _is_recurrent(net)
-    for layer in net.layers:
-        if recurrent and hasattr(layer, "carry_state"):
-            layer.carry_state = True
-            layer.reset_state()
+    if recurrent:
+        stride = T
+        for layer in net.layers:
+            if hasattr(layer, "carry_state"):
+                layer.carry_state = True
+                layer.reset_state()
+    else:
+        stride = stride or max(T // 2, 1)
+        if not 1 <= stride <= T or T % stride:
+            raise DarkpyError(f"--stride {stride}: must divide time_steps={T}")
     starts = np.arange(streams) * seg
     total, n = 0.0, 0
-    for w in range(0, seg, T):
+    for w in range(0, seg - T + 1, stride):
+        first = 0 if w == 0 else T - stride          # the window's first scored position
         pos = (starts[None, :] + w + np.arange(T)[:, None]).reshape(-1)      # time-major rows
         logp = _row_logprob(net, _encode(text[pos], onehot))
-        total -= logp[np.arange(pos.size), text[pos + 1]].sum()
-        n += pos.size
+        rows = np.arange(first * streams, pos.size)
+        total -= logp[rows, text[pos[rows] + 1]].sum()
+        n += rows.size
     return total / n / math.log(2), n
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from darkpy.errors import DataError
+from darkpy.errors import DarkpyError, DataError
 from darkpy.generate import generate, load_text_network, open_generator, text_bpc
 from darkpy.network import network_from_text
 from darkpy.optim import clip_global_norm, current_rate
@@ -332,3 +332,32 @@ def test_epoch_column_counts_lines_in_lines_mode(pack):
     assert passes * rows / (len(ds) * ds.rows_per_sample) == pytest.approx(1.0)
     stream = TextData(text, net, "stream")
     assert stream.rows_per_sample == 1.0                    # a byte is a row
+
+
+@pytest.mark.parametrize("stride", [8, 4, 2])
+def test_transformer_bpc_scores_every_byte_once_after_the_stated_context(tmp_path, stride):
+    """Sliding-window scoring equals a slow reference: byte i of a segment is scored by a window
+    ending at the end of i's stride block (so with >= T - stride bytes before it), or by the first
+    window; every byte once."""
+    cfg = _text_project(tmp_path, GPT_CFG, "gpt")
+    w = tmp_path / "w.weights"
+    network_from_text(GPT_CFG, seed=1).save_weights(w)
+    valid = tmp_path / "data" / "v.txt"
+    bpc, n = text_bpc(cfg, w, str(valid), streams=2, stride=stride)
+    net = load_text_network(cfg, w, streams=1)
+    text = np.fromfile(valid, np.uint8).astype(np.int64)
+    T = 8
+    seg = (text.size - 1) // 2 // T * T
+    total = 0.0
+    for start in (0, seg):
+        for i in range(seg):
+            end = max(T, (i // stride + 1) * stride)        # the window that scores byte i ends here
+            window = text[start + end - T:start + end]
+            p = net.forward(window.reshape(T, 1).astype(np.float32)).reshape(T, -1).astype(np.float64)
+            total -= math.log(p[i - (end - T), text[start + i + 1]])
+    assert n == 2 * seg
+    assert bpc == pytest.approx(total / n / math.log(2), rel=1e-5)
+    if stride < T:
+        assert bpc != pytest.approx(text_bpc(cfg, w, str(valid), streams=2, stride=T)[0], rel=1e-6)
+    with pytest.raises(DarkpyError, match="must divide"):
+        text_bpc(cfg, w, str(valid), streams=2, stride=3)
