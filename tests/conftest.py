@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,11 @@ import pytest
 from darkpy.process import set_command_environment  # noqa: E402  (imports nothing heavy)
 
 set_command_environment()
+
+# A suite started in the background of a shell without job control (`nohup ... &`) inherits SIGINT
+# ignored; the Ctrl-C tests need Python's own handler, which a terminal or CI gives.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("DARKPY_SHARED", ROOT.parent / "shared")).resolve()
