@@ -291,7 +291,8 @@ def bias_act_backward_rows(delta, y, pre, bias_grad, acc, act):
     does not need it); bias_grad: (C,) += Σ over rows (in row order, float64, as the (B, C, S)
     kernel); acc: (C,) float64 scratch. Parallel over spans of 64 units, rows in order within each."""
     nb, nc = delta.shape
-    acc[:] = 0.0
+    for j in range(nc):      # a loop, not `acc[:] = 0`: in a parallel function that is a parallel region
+        acc[j] = 0.0
     block = 64
     if delta.size < PARALLEL_MIN:
         for b in range(nb):

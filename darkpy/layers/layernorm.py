@@ -77,8 +77,11 @@ def layernorm_backward(dx, bias_grad, gain_grad, d, xhat, inv, gain, want_dx):
     """d, xhat: (B, n); bias_grad, gain_grad: (n,) += Σ d, Σ d·x̂ over rows; with want_dx, dx: (B, n)
     += the input gradient."""
     B, n = d.shape
-    acc_b = np.zeros(n)
-    acc_g = np.zeros(n)
+    acc_b = np.empty(n)      # zeroed by loops: np.zeros in a parallel function is a parallel region
+    acc_g = np.empty(n)
+    for j in range(n):
+        acc_b[j] = 0.0
+        acc_g[j] = 0.0
     _ln_param_grads(acc_b, acc_g, d, xhat)
     for j in range(n):
         bias_grad[j] += acc_b[j]
