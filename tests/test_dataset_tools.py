@@ -2,13 +2,13 @@
 generated here, converted, then trained for a few iterations)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import shapes_generator
 from PIL import Image
 
 from darkpy.anchors import average_iou, calc_anchors, kmeans_iou, read_label_sizes
@@ -19,17 +19,10 @@ from darkpy.datasets import label_path_for, read_box_labels, read_data_file
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _gen():
-    spec = importlib.util.spec_from_file_location("shapes_generate", ROOT / "data" / "shapes" / "generate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory):
     out = tmp_path_factory.mktemp("shapes")
-    train, valid = _gen().generate(out, n=40, size=128, seed=1, valid_fraction=0.1)
+    train, valid = shapes_generator().generate(out, n=40, size=128, seed=1, valid_fraction=0.1)
     data = out / "s.data"
     data.write_text(f"classes=4\ntrain={train}\nvalid={valid}\nnames={ROOT / 'data' / 'shapes.names'}\n")
     return out, train, data

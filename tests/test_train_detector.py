@@ -7,7 +7,6 @@ generator (data/shapes/generate.py) written to a temp folder.
 """
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import math
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import shapes_generator
 
 import darkpy.network
 import darkpy.train as T
@@ -64,18 +64,11 @@ random={random}
 """
 
 
-def _shapes_module():
-    spec = importlib.util.spec_from_file_location("shapes_generate", ROOT / "data" / "shapes" / "generate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory):
     """8 generated 64 px shapes images (6 train, 2 valid) with labels and list files."""
     out = tmp_path_factory.mktemp("shapes")
-    train, valid = _shapes_module().generate(out, n=8, size=64, seed=3, valid_fraction=0.25)
+    train, valid = shapes_generator().generate(out, n=8, size=64, seed=3, valid_fraction=0.25)
     return out, train, valid
 
 
