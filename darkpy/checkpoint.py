@@ -112,8 +112,8 @@ def _state_arrays(net, meta: dict) -> dict[str, np.ndarray]:
             for key, value in p.state.items():
                 arrays[f"{layer.index}:{p.name}:state:{key}"] = value
     for layer in net.layers:             # recurrent state carried between updates (char-RNN streams)
-        if getattr(layer, "carry_state", False):
-            for i, arr in enumerate(layer._initial_state()):
+        if getattr(layer, "carry_state", False):     # `carried`: every stream's (darkpy/textdata.py)
+            for i, arr in enumerate(getattr(layer, "carried", None) or layer._initial_state()):
                 arrays[f"{layer.index}:carry:{i}"] = arr
     blob = json.dumps({"version": STATE_VERSION, **meta}).encode()
     arrays["meta"] = np.frombuffer(blob, np.uint8)
@@ -170,10 +170,12 @@ def read_state(path: str, net, weights_crc: int | None) -> tuple[dict | None, st
             p.state.update({k: v.copy() for k, v in states[key].items()})
     for layer in net.layers:
         if hasattr(layer, "carry_state"):
-            for i, arr in enumerate(layer._initial_state()):
-                saved = arrays.get(f"{layer.index}:carry:{i}")
-                if saved is not None and saved.shape == arr.shape:
-                    arr[...] = saved
+            saved = [arrays.get(f"{layer.index}:carry:{i}") for i in range(len(layer._initial_state()))]
+            if all(a is not None for a in saved):
+                layer.carried = saved                 # every stream's state, for TextData.carried_state
+            for arr, a in zip(layer._initial_state(), saved):
+                if a is not None and a.shape == arr.shape:
+                    arr[...] = a
     net.updates = int(meta.get("updates", 0))
     return meta, ""
 

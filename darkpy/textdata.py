@@ -10,9 +10,13 @@ Two modes (`.data` key `sequences=`):
   time_steps` parallel streams; stream g starts at byte `g·L // streams` (evenly spaced; darknet:
   random offsets) and iteration k reads bytes `start + k·steps + t` (mod L), the target being the byte
   after each. The hidden state of recurrent layers is carried from one update to the next within a
-  stream (`prepare_network`) and zeroed when the stream passes the end of the text (darknet: zeroed
-  at random, 1/64 per stream per iteration). Everything is a pure function of k, so a resumed run
-  reads the same bytes; the carried state itself is saved in the `.state` file.
+  stream (`prepare_network`, `begin_pass`, `end_pass`) and zeroed when the stream passes the end of
+  the text (darknet: zeroed at random, 1/64 per stream per iteration). With `subdivisions` > 1 each
+  pass holds `streams / subdivisions` of the streams, so the state of every stream is kept here
+  (`carried`, one array per state array of each recurrent layer, all streams, pass-major) and each
+  pass loads its own streams' rows before its forward and stores them after. Everything is a pure
+  function of k, so a resumed run reads the same bytes; the carried state itself is saved in the
+  `.state` file (the same arrays and names as before for subdivisions=1).
 - `lines`: each line of the text is one sequence (`line + "\\n"`, then `pad=` ids up to
   `time_steps + 1`), drawn by the epoch permutations of `BatchPlan`. Targets that are the pad id, and
   with `answer_after=C` every target before the first C of the line, are set to the loss layer's
@@ -133,6 +137,7 @@ class TextData:
             self.samples = int(text.size)
             self.stream_plan = StreamPlan(text.size, self.seq_per_pass * self.subdivisions, self.steps,
                                           self.subdivisions)
+        self.carried_state(net)
 
     def __len__(self) -> int:
         return self.samples
@@ -212,17 +217,43 @@ class TextData:
         return y
 
     # -- state carried between updates (stream mode) -------------------------------------------------
+    def _recurrent(self, net) -> list:
+        return [layer for layer in net.layers if hasattr(layer, "carry_state")] if self.mode == "stream" else []
+
+    def carried_state(self, net) -> None:
+        """Give each recurrent layer `carried`: its state for all streams (pass j's streams are rows
+        j·S .. (j+1)·S − 1), kept from a resumed `.state` file when it has that shape, else zero."""
+        streams = self.seq_per_pass * self.subdivisions
+        for layer in self._recurrent(net):
+            saved = getattr(layer, "carried", None) or []
+            fresh = [np.zeros((streams, *a.shape[1:]), a.dtype) for a in layer._initial_state()]
+            if len(saved) == len(fresh) and all(a.shape == b.shape for a, b in zip(saved, fresh)):
+                fresh = [np.array(a, dtype=b.dtype) for a, b in zip(saved, fresh)]
+            layer.carried = fresh
+
     def prepare_network(self, net, k: int) -> None:
         """Before iteration k: recurrent layers carry their state from the previous update, zeroed
         for the streams that wrapped (and for all at k = 0)."""
-        if self.mode != "stream":
-            return
-        wrapped = self.stream_plan.wrapped(k)
-        for layer in net.layers:
-            if hasattr(layer, "carry_state"):
-                layer.carry_state = True
-                for arr in layer._initial_state():
-                    arr[wrapped] = 0
+        wrapped = self.stream_plan.wrapped(k) if self.mode == "stream" else None
+        for layer in self._recurrent(net):
+            layer.carry_state = True
+            for arr in layer.carried:
+                arr[wrapped] = 0
+
+    def _pass_rows(self, j: int) -> slice:
+        return slice(j * self.seq_per_pass, (j + 1) * self.seq_per_pass)
+
+    def begin_pass(self, net, j: int) -> None:
+        """Before pass j's forward: each recurrent layer starts from its streams' carried state."""
+        for layer in self._recurrent(net):
+            for arr, full in zip(layer._initial_state(), layer.carried):
+                arr[...] = full[self._pass_rows(j)]
+
+    def end_pass(self, net, j: int) -> None:
+        """After pass j: keep the state its forward ended with for those streams' next update."""
+        for layer in self._recurrent(net):
+            for arr, full in zip(layer._initial_state(), layer.carried):
+                full[self._pass_rows(j)] = arr
 
 
 def _split_lines(text: np.ndarray, steps: int, source: str) -> list[np.ndarray]:
@@ -251,8 +282,4 @@ def make_text_dataset(net, dc) -> TextData:
     after = dc.raw.get("answer_after")
     if after is not None and len(after) != 1:
         raise DataError(f"{dc.path} answer_after: expected one character (got {after!r})")
-    recurrent = any(hasattr(layer, "carry_state") for layer in net.layers)
-    if mode == "stream" and recurrent and net.config.subdivisions != 1:
-        raise DataError(f"{dc.path}: char-RNN streams carry the recurrent state between updates, which needs "
-                        f"subdivisions=1 in {net.file} (got {net.config.subdivisions})")
     return TextData(read_bytes(path), net, mode, pad, ord(after) if after else None, source=path, pack=pack)

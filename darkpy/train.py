@@ -510,7 +510,11 @@ class TrainingLoop:
             net.seen = seen0 + (first + j) * mb     # as if every earlier pass of the update ran here
             net.rng = pass_rng(s.seed, k, first + j)
             xs, ys = x[j * mb:(j + 1) * mb], y[j * mb:(j + 1) * mb]
+            if hasattr(s.dataset, "begin_pass"):      # text streams: this pass's streams' state
+                s.dataset.begin_pass(net, first + j)
             net.forward(xs, ys, train=True)
+            if hasattr(s.dataset, "end_pass"):
+                s.dataset.end_pass(net, first + j)
             if net.cost is None:
                 raise TrainingError(f"{net.file}: the network has no cost layer (softmax, cost, yolo, ...) so it "
                                     f"cannot be trained; end it with one")

@@ -121,13 +121,39 @@ def test_prepare_network_carries_state_and_zeroes_only_wrapped_streams():
                             "[connected]\noutput=256\nactivation=linear\n[softmax]\n")
     ds = TextData(np.frombuffer(bytes(range(1, 101)), np.uint8), net)      # starts 0, 25, 50, 75
     gru = net.layers[0]
-    gru.h0[...] = 1.0
+    assert [a.shape for a in gru.carried] == [(4, 3)]
+    gru.carried[0][...] = 1.0
     ds.prepare_network(net, 4)                        # no stream wraps between iterations 3 and 4
+    ds.begin_pass(net, 0)
     assert gru.carry_state and (gru.h0 == 1).all()
     ds.prepare_network(net, 5)                        # stream 3 (75 + 25) passes the end
+    ds.begin_pass(net, 0)
     assert (gru.h0[3] == 0).all() and (gru.h0[:3] == 1).all()
+    gru.h0[...] = 2.0
+    ds.end_pass(net, 0)                               # the state the pass ended with is kept
+    assert (gru.carried[0] == 2).all()
     ds.prepare_network(net, 0)
-    assert not gru.h0.any()
+    assert not gru.carried[0].any()
+
+
+def test_each_subdivision_pass_carries_its_own_streams_state():
+    """subdivisions=2: 4 streams, 2 per pass; pass j loads and stores rows 2j, 2j + 1 of `carried`,
+    and a wrap zeroes the stream's row whichever pass holds it."""
+    net = network_from_text("[net]\nbatch=4\nsubdivisions=2\ntime_steps=5\ninputs=256\n[gru]\noutput=3\n"
+                            "[connected]\noutput=256\nactivation=linear\n[softmax]\n")
+    ds = TextData(np.frombuffer(bytes(range(1, 101)), np.uint8), net)      # starts 0, 25, 50, 75
+    gru = net.layers[0]
+    assert gru.h0.shape == (2, 3) and [a.shape for a in gru.carried] == [(4, 3)]
+    assert ds.plan(40, 0).indices(1).reshape(2, 5, 2)[1, 0].tolist() == [55, 80]   # pass 1: streams 2, 3
+    gru.carried[0][...] = np.arange(4)[:, None]
+    ds.prepare_network(net, 5)                        # stream 3 (75 + 25) passes the end
+    ds.begin_pass(net, 1)
+    assert gru.h0[:, 0].tolist() == [2, 0]
+    gru.h0[...] = 7.0
+    ds.end_pass(net, 1)
+    ds.begin_pass(net, 0)
+    assert gru.h0[:, 0].tolist() == [0, 1]
+    assert gru.carried[0][:, 0].tolist() == [0, 1, 7, 7]
 
 
 def test_text_data_one_hot_rows_are_next_bytes():
@@ -236,6 +262,35 @@ def test_char_rnn_trains_carries_state_and_resumes_exactly(tmp_path):
     assert [r.loss for r in full.records[3:]] == [r.loss for r in rest.records]
     bpc, n = text_bpc(cfg, tmp_path / "a" / "rnn_final.weights", str(tmp_path / "data" / "v.txt"), streams=2)
     assert 0 < bpc < 9 and n > 0
+
+
+@pytest.mark.slow
+def test_char_rnn_with_subdivisions_carries_each_streams_state_and_resumes_exactly(tmp_path):
+    """subdivisions=2 (2 of the 4 streams per pass): the .state file keeps all 4 streams' GRU state,
+    an interrupted and resumed run equals the uninterrupted one bit for bit, and the run follows the
+    subdivisions=1 run of the same 4 streams (the same gradient sum, in another float order). Had a
+    pass started from the other pass's streams' state, or from zero, it would not."""
+    from darkpy.train import train
+
+    two = RNN_CFG.replace("subdivisions=1", "subdivisions=2")
+    cfg = _text_project(tmp_path, two, "rnn")
+    full = train(cfg, backup=tmp_path / "a", seed=3, evaluate=False)
+    with np.load(tmp_path / "a" / "rnn_final.state") as z:
+        carried = z["0:carry:0"]
+    assert carried.shape == (4, 8) and (np.abs(carried).sum(1) > 0).all()
+    part = train(cfg, backup=tmp_path / "b", seed=3, evaluate=False, stop_after=3)
+    rest = train(cfg, weights=part.weights, backup=tmp_path / "b", evaluate=False)
+    a = (tmp_path / "a" / "rnn_final.weights").read_bytes()
+    assert a == (tmp_path / "b" / "rnn_final.weights").read_bytes(), "resumed run differs"
+    assert [r.loss for r in full.records[3:]] == [r.loss for r in rest.records]
+    cfg.write_text(RNN_CFG)
+    one = train(cfg, backup=tmp_path / "c", seed=3, evaluate=False)
+    w1 = np.frombuffer((tmp_path / "c" / "rnn_final.weights").read_bytes()[20:], "<f4")
+    w2 = np.frombuffer(a[20:], "<f4")
+    assert_close(w2, w1, 1e-4, 1e-5, "subdivisions=2 vs 1")
+    assert_close([r.loss for r in full.records], [r.loss for r in one.records], 1e-4, 0, "losses")
+    with np.load(tmp_path / "c" / "rnn_final.state") as z:
+        assert_close(carried, z["0:carry:0"], 1e-4, 1e-5, "carried state")
 
 
 @pytest.mark.slow

@@ -51,7 +51,7 @@ class ConvLSTMLayer(LSTMLayer):
         self.wi, self.wf, self.wo, self.wg = (self._add(k, mk(filters)) for k in ("wi", "wf", "wo", "wg"))
         self.ui, self.uf, self.uo, self.ug = (self._add(k, mk(c)) for k in ("ui", "uf", "uo", "ug"))
         z = np.zeros((0,), self.dtype)
-        self.f = self.i = self.g = self.o = self.c = self.h0 = self.c0 = self.dc = z
+        self.f = self.i = self.g = self.o = self.c = self.h0 = self.c0 = self.h_in = self.c_in = self.dc = z
 
     @classmethod
     def from_cfg(cls, sec, in_shape, ctx) -> "ConvLSTMLayer":

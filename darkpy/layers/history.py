@@ -53,6 +53,9 @@ class HistoryLayer(Layer):
     def reset_state(self) -> None:
         self.prev.fill(0)
 
+    def _initial_state(self) -> list[np.ndarray]:
+        return [self.prev]
+
     def _steps(self, a: np.ndarray, shape) -> np.ndarray:
         return a.reshape(self.steps, self.seq_batch, *shape)
 

@@ -549,7 +549,7 @@ class GRULayer(_Recurrent):
             self._add("wh", mk(outputs))
         self.uz, self.ur, self.uh = self._add("uz", mk(n_in)), self._add("ur", mk(n_in)), \
             self._add("uh", mk(n_in))
-        self.z = self.r = self.fs = self.hc = self.h0 = self.dh0 = self.dfs = np.zeros((0,), self.dtype)
+        self.z = self.r = self.fs = self.hc = self.h0 = self.h_in = self.dh0 = self.dfs = np.zeros((0,), self.dtype)
 
     @classmethod
     def from_cfg(cls, sec, in_shape, ctx) -> GRULayer:
@@ -564,6 +564,7 @@ class GRULayer(_Recurrent):
         n = self.outputs
         self.z, self.r, self.fs, self.hc = (np.zeros((batch, n), self.dtype) for _ in range(4))
         self.h0 = np.zeros((self.seq_batch, n), self.dtype)
+        self.h_in = np.zeros((self.seq_batch, n), self.dtype)   # the state this forward started from
         self.dh0 = self.dfs = np.zeros((0,), self.dtype)     # training-only: allocate_training
 
     def allocate_training(self) -> None:
@@ -577,15 +578,17 @@ class GRULayer(_Recurrent):
         return [self.h0]
 
     def extra_buffers(self):
-        return super().extra_buffers() + [self.z, self.r, self.fs, self.hc, self.h0, self.dh0, self.dfs]
+        return super().extra_buffers() + [self.z, self.r, self.fs, self.hc, self.h0, self.h_in, self.dh0,
+                                          self.dfs]
 
     def _prev(self, t: int) -> np.ndarray:
-        return self.h0 if t == 0 else self.output[self._rows(t - 1)]
+        return self.h_in if t == 0 else self.output[self._rows(t - 1)]
 
     def forward(self, s: State) -> None:
         x = s.input.reshape(self.batch, self.inputs)
         if not self.carry_state:
             self.h0.fill(0)
+        self.h_in[...] = self.h0         # kept for backward: with carry_state h0 becomes the last step's
         self._forward_inputs([self.uz, self.ur, self.uh], x, s.train)
         for t in range(self.steps):
             rows, h = self._rows(t), self._prev(t)
@@ -642,7 +645,7 @@ class LSTMLayer(_Recurrent):
         self.wi, self.wf, self.wo, self.wg = (self._add(k, mk(outputs)) for k in ("wi", "wf", "wo", "wg"))
         self.ui, self.uf, self.uo, self.ug = (self._add(k, mk(n_in)) for k in ("ui", "uf", "uo", "ug"))
         z = np.zeros((0,), self.dtype)
-        self.f = self.i = self.g = self.o = self.c = self.h0 = self.c0 = self.dc = z
+        self.f = self.i = self.g = self.o = self.c = self.h0 = self.c0 = self.h_in = self.c_in = self.dc = z
 
     @classmethod
     def from_cfg(cls, sec, in_shape, ctx) -> LSTMLayer:
@@ -656,6 +659,7 @@ class LSTMLayer(_Recurrent):
         n = self.outputs
         self.f, self.i, self.g, self.o, self.c = (np.zeros((batch, n), self.dtype) for _ in range(5))
         self.h0, self.c0 = (np.zeros((self.seq_batch, n), self.dtype) for _ in range(2))
+        self.h_in, self.c_in = (np.zeros((self.seq_batch, n), self.dtype) for _ in range(2))  # a forward's start
         self.dc = np.zeros((0,), self.dtype)                 # training-only: allocate_training
 
     def allocate_training(self) -> None:
@@ -668,11 +672,11 @@ class LSTMLayer(_Recurrent):
 
     def extra_buffers(self):
         return super().extra_buffers() + [self.f, self.i, self.g, self.o, self.c, self.h0, self.c0,
-                                          self.dc]
+                                          self.h_in, self.c_in, self.dc]
 
     def _prev(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         if t == 0:
-            return self.h0, self.c0
+            return self.h_in, self.c_in
         rows = self._rows(t - 1)
         return self.output[rows], self.c[rows]
 
@@ -681,6 +685,8 @@ class LSTMLayer(_Recurrent):
         if not self.carry_state:
             self.h0.fill(0)
             self.c0.fill(0)
+        self.h_in[...] = self.h0         # kept for backward: with carry_state h0/c0 become the last step's
+        self.c_in[...] = self.c0
         self._forward_inputs([self.ui, self.uf, self.uo, self.ug], x, s.train)
         for t in range(self.steps):
             rows = self._rows(t)
