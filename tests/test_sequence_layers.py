@@ -107,6 +107,17 @@ def test_embedding_rejects_bad_ids():
         seq_net("[embedding]\nvocab=5\nsize=3\n", inputs=4)
 
 
+def test_embedding_std_sets_the_initialisation_of_both_tables():
+    default = seq_net("[embedding]\nvocab=200\nsize=50\n", inputs=1).layers[0]
+    wide = seq_net("[embedding]\nvocab=200\nsize=50\nstd=1\n", inputs=1).layers[0]
+    assert default.table.value.std() == pytest.approx(0.02, rel=0.05)
+    assert wide.table.value.std() == pytest.approx(1.0, rel=0.05)
+    assert wide.pos.value.std() == pytest.approx(1.0, rel=0.2)
+    assert_close(wide.table.value, default.table.value * 50, 1e-5, 1e-6, "same draws, scaled")
+    with pytest.raises(CfgError, match="std"):
+        seq_net("[embedding]\nsize=3\nstd=0\n", inputs=1)
+
+
 # -- [layernorm] --------------------------------------------------------------------------------------
 
 def test_layernorm_forward_and_gradients():

@@ -7,7 +7,9 @@ Input: one value per row, the token id (a float holding an integer in 0..vocab-1
     y[row] = table[id[row]] + pos[t]
 
 Keys: `vocab` (default 256), `size` (the vector width, required), `positions` = `learned` (a
-`time_steps × size` table, trained), `sinusoidal` (fixed sin/cos of Vaswani et al.) or `none`.
+`time_steps × size` table, trained), `sinusoidal` (fixed sin/cos of Vaswani et al.) or `none`;
+`std` (default 0.02, GPT-2's): the standard deviation of the tables' normal initialisation (1 is
+torch's `nn.Embedding` default).
 
 Backward scatter-adds: a token used several times in the batch receives the sum of the gradients of
 all its rows (and each position the sum over its sequences). The ids receive no gradient (nothing is
@@ -39,9 +41,10 @@ class EmbeddingLayer(Layer):
     resizable = False
 
     def __init__(self, index: int, vocab: int, size: int, steps: int, positions: str = "learned",
-                 dtype=np.float32):
+                 dtype=np.float32, std: float = 0.02):
         super().__init__(index, (1,), (size,), dtype)
         self.vocab, self.size, self.steps, self.positions = vocab, size, steps, positions
+        self.std = std
         self.table = Param("table", np.zeros((vocab, size), self.dtype), np.zeros((vocab, size), self.dtype))
         self.params = [self.table]
         self.pos: Param | None = None
@@ -65,13 +68,16 @@ class EmbeddingLayer(Layer):
         if size < 1:
             raise sec.error(f"must be >= 1 (got {size})", "size")
         positions = sec.get_choice("positions", POSITIONS, "learned")
-        return cls(sec.index, vocab, size, ctx.net.time_steps, positions, ctx.dtype)
+        std = sec.get_float("std", 0.02)
+        if not std > 0:
+            raise sec.error(f"must be > 0 (got {std})", "std")
+        return cls(sec.index, vocab, size, ctx.net.time_steps, positions, ctx.dtype, std)
 
     def init_weights(self, rng: np.random.Generator) -> None:
-        """Both tables N(0, 0.02²) (GPT-2's initialisation)."""
-        self.table.value[...] = rng.normal(0, 0.02, self.table.value.shape)
+        """Both tables N(0, std²) (std = 0.02 by default, GPT-2's initialisation)."""
+        self.table.value[...] = rng.normal(0, self.std, self.table.value.shape)
         if self.pos is not None:
-            self.pos.value[...] = rng.normal(0, 0.02, self.pos.value.shape)
+            self.pos.value[...] = rng.normal(0, self.std, self.pos.value.shape)
 
     def allocate(self, batch: int) -> None:
         if batch % self.steps:
