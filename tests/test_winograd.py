@@ -2,7 +2,6 @@
 convolutional layer's Winograd path against its im2col path and against numerical gradients."""
 from __future__ import annotations
 
-import numba
 import numpy as np
 import pytest
 
@@ -92,19 +91,16 @@ def _net(monkeypatch, winograd, dtype=np.float64, batch=3, h=7, w=6, padding=1, 
 
 @pytest.mark.parametrize("padding", [0, 1, 2])
 @pytest.mark.parametrize("bn", [0, 1])
-@pytest.mark.parametrize("cache_chunks", [True, False])
-def test_layer_winograd_equals_im2col(monkeypatch, padding, bn, cache_chunks):
+def test_layer_winograd_equals_im2col(monkeypatch, padding, bn):
     """Forward output, input delta and weight/bias/scale gradients of the Winograd path equal the
-    im2col path's (float64), including with the batch split into chunks, with the cache-sized
-    chunks of a one-thread run and the workspace-sized ones of a threaded run."""
+    im2col path's (float64), including with the batch split into chunks."""
     rng = np.random.default_rng(padding + 10 * bn)
     results = []
     for winograd, chunk in ((False, None), (True, None), (True, 16 * 12 * 24)):
         net = _net(monkeypatch, winograd, padding=padding, bn=bn, chunk=chunk)
-        monkeypatch.setattr(conv, "WINOGRAD_CACHE_CHUNK_MAX_THREADS", 10 ** 6 if cache_chunks else 0)
         layer = net.layers[0]
         if chunk is not None:
-            assert layer.winograd_chunk_items() < net.batch
+            assert layer.wchunk < net.batch
         layer.init_weights(np.random.default_rng(1))
         x = np.random.default_rng(2).uniform(-1, 1, net.input.shape)
         net.forward(x, train=True)
@@ -190,28 +186,3 @@ def test_winograd_chunk_rule(monkeypatch):
     net = network_from_text(CFG.format(batch=40, h=16, w=16, padding=1, bn=0))
     layer = net.layers[0]
     assert layer.winograd and 1 <= layer.wchunk <= 40
-
-
-def test_winograd_chunk_follows_the_thread_count(monkeypatch):
-    """One thread: the cache-sized chunk; more: the workspace-sized one (fewer pool wake-ups);
-    the workspace holds the larger of the two."""
-    monkeypatch.setattr(conv, "WINOGRAD_CHUNK_VALUES", 16 * 64 * 32)   # one 8x8-tile item
-    monkeypatch.setattr(conv, "WINOGRAD_MIN_GEMM_TILES", 1)
-    net = network_from_text(CFG.format(batch=40, h=16, w=16, padding=1, bn=0))
-    layer = net.layers[0]
-    assert layer.winograd and layer.wchunk == 1 and layer.wchunk_threaded == 40
-    for limit, expected in ((10 ** 6, 1), (0, 40)):
-        monkeypatch.setattr(conv, "WINOGRAD_CACHE_CHUNK_MAX_THREADS", limit)
-        assert layer.winograd_chunk_items() == expected
-        steps = [items for items, _, _ in layer._winograd_chunks(16, 8, (16, 16))]
-        assert len(steps) == 40 // expected and steps[-1].stop == 40
-    before = numba.get_num_threads()
-    monkeypatch.setattr(conv, "WINOGRAD_CACHE_CHUNK_MAX_THREADS", 1)
-    try:
-        numba.set_num_threads(1)
-        assert layer.winograd_chunk_items() == 1
-        if numba.config.NUMBA_NUM_THREADS > 1:
-            numba.set_num_threads(2)
-            assert layer.winograd_chunk_items() == 40
-    finally:
-        numba.set_num_threads(before)

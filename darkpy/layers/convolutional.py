@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
 from ..kernels import activations as act
@@ -57,12 +56,6 @@ WINOGRAD_MIN_CHANNELS = 16
 #: slower with one 196-tile item per chunk).
 WINOGRAD_CHUNK_VALUES = 1 << 20
 WINOGRAD_MIN_GEMM_TILES = 256
-#: ... only when numba runs at most this many threads. With more, each chunk costs a wake-up of the
-#: thread pools per transform and per GEMM (18 per chunk), and the cache-sized chunks multiplied
-#: them 3.5x (cifar b64: 109 chunks per forward instead of 31): the suite at 2 threads measured
-#: cifar b64 inference 0.94x and b128 training 0.89x PyTorch with them, 1.01x and 1.06x with the
-#: whole-batch chunks (ic.CHUNK_VALUES) that threaded runs therefore keep.
-WINOGRAD_CACHE_CHUNK_MAX_THREADS = 1
 #: Direct convolution (kernels/direct.py) for layers with at most 4 input channels and 32 filters
 #: (first layers): no im2col matrix, in the forward pass and the weight gradient (the input
 #: gradient, which a first layer never computes, stays im2col's). False: always im2col + GEMM.
@@ -147,7 +140,7 @@ class ConvolutionalLayer(Layer):
         self.wide = False
         self.winograd = False
         self.direct = False
-        self.wchunk = self.wchunk_threaded = 1
+        self.wchunk = 1
         self._trained = False                      # last forward was in training mode
 
     # -- construction ---------------------------------------------------------------------------
@@ -250,10 +243,8 @@ class ConvolutionalLayer(Layer):
             # tiles of the forward's output, or of backward's (the input's size): the larger
             th, tw = max(wg.tiles(*self.out_shape[1:]), wg.tiles(*self.in_shape[1:]))
             # per item: V (c x tiles) and M (n x tiles), 16 of each; backward swaps c and n
-            per_item = 16 * th * tw * (c + n)
-            self.wchunk = _winograd_chunk(per_item, th * tw, batch)
-            self.wchunk_threaded = ic.chunk_items(per_item, batch)
-            tiles = max(self.wchunk, self.wchunk_threaded) * th * tw
+            self.wchunk = _winograd_chunk(16 * th * tw * (c + n), th * tw, batch)
+            tiles = self.wchunk * th * tw
             ic.reserve(_xi_size(n, c) + _xi_size(max(c, n), tiles) * 2, self.dtype)
         self._trained = False
 
@@ -357,9 +348,9 @@ class ConvolutionalLayer(Layer):
 
     def _winograd(self, x: np.ndarray, w: np.ndarray, pad: int, y: np.ndarray, add: bool) -> None:
         """y (B, n', oh', ow') = (or +=) the 3x3 stride-1 correlation of x (B, c', h', w') with the
-        filters w (n', c', 3, 3) and padding `pad`, by Winograd F(2x2, 3x3), one chunk of items
-        (`winograd_chunk_items`) at a time. Forward: x the input, w the weights. Backward: x the
-        delta, w the weights flipped and transposed, pad 2 − padding, y the previous delta."""
+        filters w (n', c', 3, 3) and padding `pad`, by Winograd F(2x2, 3x3), `self.wchunk` items at
+        a time. Forward: x the input, w the weights. Backward: x the delta, w the weights flipped
+        and transposed, pad 2 − padding, y the previous delta."""
         n, c = w.shape[:2]
         u = _xi_view(0, n, c, self.dtype)
         wg.filters(u, w)
@@ -368,22 +359,14 @@ class ConvolutionalLayer(Layer):
             np.matmul(u, v, out=m)          # the 16 GEMMs in one call (numpy loops over ξ)
             wg.outputs(y[items], m, add)
 
-    def winograd_chunk_items(self) -> int:
-        """Batch items per Winograd chunk at numba's current thread count: the cache-sized chunk
-        (`wchunk`) up to WINOGRAD_CACHE_CHUNK_MAX_THREADS threads, else the workspace-sized one."""
-        if numba.get_num_threads() <= WINOGRAD_CACHE_CHUNK_MAX_THREADS:
-            return self.wchunk
-        return self.wchunk_threaded
-
     def _winograd_chunks(self, c: int, n: int, out_hw: tuple):
-        """(item slice, V (16, c, tiles), M (16, n, tiles)) per chunk (`winograd_chunk_items`),
+        """(item slice, V (16, c, tiles), M (16, n, tiles)) per chunk of `self.wchunk` items,
         views of the workspace after the 16 (n, c) matrices at its start (U or dU), for an output
         of out_hw (h, w) per item."""
         th, tw = wg.tiles(*out_hw)
         off = _xi_size(n, c)
-        step = self.winograd_chunk_items()
-        for b0 in range(0, self.batch, step):
-            b1 = min(b0 + step, self.batch)
+        for b0 in range(0, self.batch, self.wchunk):
+            b1 = min(b0 + self.wchunk, self.batch)
             tiles = (b1 - b0) * th * tw
             yield (slice(b0, b1), _xi_view(off, c, tiles, self.dtype),
                    _xi_view(off + _xi_size(c, tiles), n, tiles, self.dtype))
