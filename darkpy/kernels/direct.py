@@ -35,6 +35,8 @@ BLOCK_POSITIONS = 1024
 
 _jit = numba.njit(cache=True, nogil=True, inline="always")
 _pjit = numba.njit(cache=True, nogil=True, parallel=True)
+#: A helper of both twins that a parallel caller must not inline (see `_weight_grad_parts`).
+_serial = numba.njit(cache=True, nogil=True)
 #: The weight gradient's dot products may be reassociated: that is what lets them vectorise.
 _fast = {"reassoc", "contract"}
 
@@ -254,7 +256,10 @@ def _wgrad_group(pw, x, d, g, ngroups, sy, sx, pad, rows):
         _wgrad_block(pw, pf, dd, d, t // nblk, oy0, n, sy, sx, lw)
 
 
-@_jit
+# The two below are compiled on their own, not inlined: inlined into `_weight_grad_parallel`, the
+# np.zeros and each `dw += part[g]` became parallel regions of their own (1 + WGRAD_GROUPS pool
+# wake-ups per call besides the prange loop's).
+@_serial
 def _weight_grad_parts(dw, d, rows):
     """The zeroed partial sums of `conv_weight_grad`: one per group of row blocks."""
     B, N, OH = d.shape[0], d.shape[1], d.shape[2]
@@ -262,7 +267,7 @@ def _weight_grad_parts(dw, d, rows):
     return np.zeros((ngroups, N, dw.shape[1], dw.shape[2], dw.shape[3]), dw.dtype)
 
 
-@_jit
+@_serial
 def _add_parts(dw, part):
     for g in range(part.shape[0]):      # in order, whichever branch computed them
         dw += part[g]

@@ -89,8 +89,12 @@ def inputs(v, x, pad):
         ch = cb // nb
         b = cb % nb
         xc = x[b, ch]
-        d = np.zeros((4, wp), x.dtype)      # a band's rows, zero-padded (bands at the edges)
-        s = np.zeros((4, wp), x.dtype)      # Bᵀ d, column by column; padding columns stay 0
+        d = np.empty((4, wp), x.dtype)      # a band's rows, zero-padded (bands at the edges)
+        s = np.empty((4, wp), x.dtype)      # Bᵀ d, column by column; padding columns stay 0
+        for k in range(4):                  # (loops: an array expression here would be a parfor)
+            for j in range(wp):
+                d[k, j] = 0
+                s[k, j] = 0
         for ty in range(th):
             y0 = 2 * ty - pad
             if y0 >= 0 and y0 + 4 <= h:
