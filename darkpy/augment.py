@@ -8,9 +8,13 @@ function of (seed, k). Boxes are [x, y, w, h, class] relative to the net input a
   offset on the grey canvas.
 - `mosaic=1`: with p = 1/2 per image (the fork turns mosaic off for half of its loads, so half of
   what it trains on are plain images), a cut point (cx, cy), each drawn uniformly in [0.2, 0.8] of
-  the width/height (the fork's min_offset), splits the input into 4 quadrants; each gets its own
-  augmented image (the item itself and 3 others drawn from the dataset), of which a window of the
-  quadrant's size, at a random offset, is copied in. Boxes are moved with the window.
+  the width/height (the fork's min_offset), splits the input into 4 quadrants. Each gets its own
+  piece (the item itself and 3 others drawn from the dataset), made as the fork's
+  `load_data_detection` does: every side of the source cropped or padded by up to ±jitter (the
+  padding in the image's mean colour), the crop resized to the whole input, HSV and flip; with
+  p = 1/2 a piece's jitter is moved to its sides next to the cut point. The quadrant shows the
+  piece's corner that meets the cut point (top-left quadrant: the piece's bottom-right), moved
+  inwards past the padding; boxes are moved with the window.
   `mosaic_bound=1` clips them to their quadrant (the fork's rule, and what the pixels show); with 0
   they are clipped to the input only, as the fork does (a box may reach into a neighbour quadrant).
   darkpy drops a box with no visible pixel in its quadrant (the fork can keep it) and, as the fork,
