@@ -8,9 +8,13 @@ function of (seed, k). Boxes are [x, y, w, h, class] relative to the net input a
   offset on the grey canvas.
 - `mosaic=1`: with p = 1/2 per image (the fork turns mosaic off for half of its loads, so half of
   what it trains on are plain images), a cut point (cx, cy), each drawn uniformly in [0.2, 0.8] of
-  the width/height (the fork's min_offset), splits the input into 4 quadrants; each gets its own
-  augmented image (the item itself and 3 others drawn from the dataset), of which a window of the
-  quadrant's size, at a random offset, is copied in. Boxes are moved with the window.
+  the width/height (the fork's min_offset), splits the input into 4 quadrants. Each gets its own
+  piece (the item itself and 3 others drawn from the dataset), made as the fork's
+  `load_data_detection` does: every side of the source cropped or padded by up to ±jitter (the
+  padding in the image's mean colour), the crop resized to the whole input, HSV and flip; with
+  p = 1/2 a piece's jitter is moved to its sides next to the cut point. The quadrant shows the
+  piece's corner that meets the cut point (top-left quadrant: the piece's bottom-right), moved
+  inwards past the padding; boxes are moved with the window.
   `mosaic_bound=1` clips them to their quadrant (the fork's rule, and what the pixels show); with 0
   they are clipped to the input only, as the fork does (a box may reach into a neighbour quadrant).
   darkpy drops a box with no visible pixel in its quadrant (the fork can keep it) and, as the fork,
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .images import DISTORT_DRAWS, distort_args, flip_distort_inplace, place_image, rand_uniform
+from .images import DISTORT_DRAWS, distort_args, flip_distort_inplace, place_image, rand_uniform, resize_image
 
 __all__ = ["AugmentOptions", "augmented_sample"]
 
@@ -90,33 +94,95 @@ def _from_corners(x0, y0, x1, y1, cls):
     return np.stack([(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0, cls], axis=1).astype(np.float32)
 
 
+def _mosaic_piece(data, k, rng, w, h, opt, q):
+    """One quadrant's image as the fork's `load_data_detection` makes it for a mosaic: each side of
+    the source cropped or padded by up to ±jitter (padding filled with the image's mean colour), the
+    crop resized to the whole net input, HSV, flip. With p = 1/2 the jitter of a side pair is moved
+    to the side away from the quadrant's outer corner (the fork's "move each 2nd image to the
+    corner"). Returns the image, its boxes and the crop's (left, right, top, bottom) offsets in
+    source pixels, after the flip."""
+    from .datasets import _pack_boxes
+    img, boxes = data._cache.get(k, data.paths[k], 3), data.boxes(k)
+    _, oh, ow = img.shape
+    dw, dh = int(ow * data.jitter), int(oh * data.jitter)
+    u = rng.random(4)
+    # darknet: rand_precalc_random's float truncated to int
+    pl, pr = int(-dw + u[0] * 2 * dw), int(-dw + u[1] * 2 * dw)
+    pt, pb = int(-dh + u[2] * 2 * dh), int(-dh + u[3] * 2 * dh)
+    if opt.letter_box:          # the fork pads the crop to the net's aspect (it refuses letter_box with mosaic)
+        ratio = (ow / oh) / (w / h)
+        if ratio > 1:
+            d = (ow / (w / h) - oh) / 2
+            pt, pb = int(pt - d), int(pb - d)
+        else:
+            d = (oh * (w / h) - ow) / 2
+            pl, pr = int(pl - d), int(pr - d)
+    flip = rng.random() < 0.5 and data.flip
+    if rng.random() < 0.5:      # all the jitter on the sides next to the cut point
+        if (q % 2 == 0) != flip:
+            pl, pr = 0, pr + pl
+        else:
+            pl, pr = pl + pr, 0
+        pt, pb = (0, pb + pt) if q // 2 == 0 else (pt + pb, 0)
+    sw, sh = ow - pl - pr, oh - pt - pb
+    if sw <= 0 or sh <= 0 or ow - pl <= 0 or oh - pt <= 0:
+        pl = pr = pt = pb = 0
+        sw, sh = ow, oh
+    crop = np.empty((3, sh, sw), np.float32)
+    crop[:] = img.reshape(3, -1).mean(axis=1)[:, None, None]
+    x0, y0, x1, y1 = max(pl, 0), max(pt, 0), min(ow - pr, ow), min(oh - pb, oh)
+    if x1 > x0 and y1 > y0:
+        crop[:, y0 - pt:y1 - pt, x0 - pl:x1 - pl] = img[:, y0:y1, x0:x1]
+    piece = resize_image(crop, w, h)
+    hue_sat_exp = distort_args(data.hue, data.saturation, data.exposure, rng.random(DISTORT_DRAWS))
+    flip_distort_inplace(piece, flip, *hue_sat_exp)
+    order = rng.permutation(len(boxes))
+    packed = _pack_boxes(boxes[order], ow / sw, oh / sh, -pl / sw, -pt / sh, flip, data.max_boxes)
+    if flip:
+        pl, pr = pr, pl
+    return piece, packed, (pl, pr, pt, pb), (ow, oh)
+
+
 def mosaic(data, k, rng, w, h, opt) -> tuple[np.ndarray, np.ndarray]:
+    """The fork's 4-image mosaic (module doc). Quadrant q (0 top-left, 1 top-right, 2 bottom-left,
+    3 bottom-right) shows the part of its piece next to the cut point: the window's corner at the
+    cut point is the piece's matching corner, moved inwards past the padding (as the fork computes
+    it, padding × net size / source size, at most the quadrant's size)."""
     cx = int(rng.integers(int(0.2 * w), int(0.8 * w) + 1))
     cy = int(rng.integers(int(0.2 * h), int(0.8 * h) + 1))
     others = rng.integers(0, len(data), 3)
     out = np.empty((3, h, w), np.float32)
     parts = []
     for q, idx in enumerate([k, *others.tolist()]):
-        img, boxes = _one(data, int(idx), rng, w, h, opt)
+        img, boxes, (pl, pr, pt, pb), (ow, oh) = _mosaic_piece(data, int(idx), rng, w, h, opt, q)
         qx, qy = (0, cx)[q % 2], (0, cy)[q // 2]
         qw, qh = (cx, w - cx)[q % 2], (cy, h - cy)[q // 2]
-        sx, sy = int(rng.integers(0, w - qw + 1)), int(rng.integers(0, h - qh + 1))
+        # darknet: the padding is converted with the source size, not the crop's (C integer division)
+        left, top = min(cx, max(0, -pl * w // ow)), min(cy, max(0, -pt * h // oh))
+        right, bottom = min(w - cx, max(0, -pr * w // ow)), min(h - cy, max(0, -pb * h // oh))
+        sx = w - cx - right if q % 2 == 0 else left
+        sy = h - cy - bottom if q // 2 == 0 else top
         out[:, qy:qy + qh, qx:qx + qw] = img[:, sy:sy + qh, sx:sx + qw]
-        if not len(boxes):
-            continue
-        x0, y0, x1, y1 = _corners(boxes.astype(np.float64))
-        sh_x, sh_y = (qx - sx) / w, (qy - sy) / h
-        x0, x1, y0, y1 = x0 + sh_x, x1 + sh_x, y0 + sh_y, y1 + sh_y
-        bx0, bx1, by0, by1 = qx / w, (qx + qw) / w, qy / h, (qy + qh) / h
-        visible = (np.minimum(x1, bx1) > np.maximum(x0, bx0)) & (np.minimum(y1, by1) > np.maximum(y0, by0))
-        if opt.mosaic_bound:
-            x0, x1, y0, y1 = np.clip(x0, bx0, bx1), np.clip(x1, bx0, bx1), np.clip(y0, by0, by1), np.clip(y1, by0, by1)
-        else:
-            x0, x1, y0, y1 = np.clip(x0, 0, 1), np.clip(x1, 0, 1), np.clip(y0, 0, 1), np.clip(y1, 0, 1)
-        b = _from_corners(x0, y0, x1, y1, boxes[:, 4])
-        parts.append(b[visible & (b[:, 2] > 1.0 / w) & (b[:, 3] > 1.0 / h)])
+        if len(boxes):
+            parts.append(_move_boxes(boxes, (qx - sx) / w, (qy - sy) / h, (qx, qy, qw, qh), w, h, opt))
     boxes = np.concatenate(parts) if parts else np.zeros((0, 5), np.float32)
     return out, boxes[:data.max_boxes]
+
+
+def _move_boxes(boxes, sh_x, sh_y, quadrant, w, h, opt):
+    """A piece's boxes shifted by (sh_x, sh_y), clipped to the quadrant (`mosaic_bound`) or to the
+    input; dropped when nothing of them is in the quadrant or under a pixel wide or high."""
+    qx, qy, qw, qh = quadrant
+    x0, y0, x1, y1 = _corners(boxes.astype(np.float64))
+    x0, x1, y0, y1 = x0 + sh_x, x1 + sh_x, y0 + sh_y, y1 + sh_y
+    bx0, bx1, by0, by1 = qx / w, (qx + qw) / w, qy / h, (qy + qh) / h
+    visible = (np.minimum(x1, bx1) > np.maximum(x0, bx0)) & (np.minimum(y1, by1) > np.maximum(y0, by0))
+    if opt.mosaic_bound:
+        x0, x1, y0, y1 = np.clip(x0, bx0, bx1), np.clip(x1, bx0, bx1), np.clip(y0, by0, by1), np.clip(y1, by0, by1)
+    else:
+        x0, x1, y0, y1 = np.clip(x0, 0, 1), np.clip(x1, 0, 1), np.clip(y0, 0, 1), np.clip(y1, 0, 1)
+    b = _from_corners(x0, y0, x1, y1, boxes[:, 4])
+    return b[visible & (b[:, 2] > 1.0 / w) & (b[:, 3] > 1.0 / h)]
 
 
 def mixup(data, k, rng, w, h, opt, base=None):

@@ -121,6 +121,53 @@ def test_mosaic_uses_four_images_and_quadrant_bounds(red_boxes):
     assert max(counts) > single                 # boxes from the other quadrants' images
 
 
+@pytest.fixture(scope="module")
+def coordinate_images(tmp_path_factory):
+    """3 copies of a 96x80 image whose red and green channels encode the pixel's x and y."""
+    root = tmp_path_factory.mktemp("coord")
+    (root / "images").mkdir()
+    (root / "labels").mkdir()
+    w, h = 96, 80
+    img = np.zeros((h, w, 3), np.uint8)
+    img[:, :, 0] = (np.arange(w) * 255 // (w - 1))[None, :]
+    img[:, :, 1] = (np.arange(h) * 255 // (h - 1))[:, None]
+    paths = []
+    for k in range(3):
+        p = root / "images" / f"c{k}.png"
+        Image.fromarray(img).save(p)
+        (root / "labels" / f"c{k}.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+        paths.append(str(p))
+    return paths, img.transpose(2, 0, 1).astype(np.float32) / 255
+
+
+def test_mosaic_places_each_crop_next_to_the_cut_point(coordinate_images):
+    """Without jitter a piece is its whole image, and the fork's quadrant q shows the corner of it
+    that meets the cut point: top-left shows the image's bottom-right, top-right its bottom-left,
+    and so on. The cut point is read from the first pixel; every pixel must then match."""
+    from darkpy.augment import mosaic
+    paths, src = coordinate_images
+    w, h = 96, 80
+    d = DetectionData(paths, 1, None, augment=True, jitter=0.0, hue=0, saturation=1, exposure=1, flip=False)
+    d.options = AugmentOptions(mosaic=True, mosaic_bound=True)
+    cuts = set()
+    for k in range(8):
+        out, boxes = mosaic(d, 0, augment_rng(6, k), w, h, d.options)
+        cx = w - int(np.abs(src[0, 0, :] - out[0, 0, 0]).argmin())      # the codes are distinct
+        cy = h - int(np.abs(src[1, :, 0] - out[1, 0, 0]).argmin())
+        assert 0.2 * w <= cx <= 0.8 * w + 1 and 0.2 * h <= cy <= 0.8 * h + 1
+        want = np.empty_like(out)
+        want[:, :cy, :cx] = src[:, h - cy:, w - cx:]
+        want[:, :cy, cx:] = src[:, h - cy:, :w - cx]
+        want[:, cy:, :cx] = src[:, :h - cy, w - cx:]
+        want[:, cy:, cx:] = src[:, :h - cy, :w - cx]
+        assert np.abs(out - want).max() < 2e-3, (k, cx, cy)
+        cuts.add((cx, cy))
+        # each piece's one box (the image centre), moved with its window: 4 boxes at most
+        check_boxes_match_pixels(np.zeros_like(out), boxes, inside=False)
+        assert len(boxes) <= 4
+    assert len(cuts) > 4
+
+
 def test_mosaic_is_applied_to_about_half_the_images(red_boxes, monkeypatch):
     """The fork turns mosaic off for half of its loads (`random_gen() % 2 == 0`): about half of what
     it trains on are plain images. darkpy tosses that coin per image."""
