@@ -179,9 +179,10 @@ GEOMS = [  # k, stride_y, stride_x, pad (before dilation), dilation
 
 
 @pytest.mark.parametrize("k,sy,sx,p,dil", GEOMS)
-@pytest.mark.parametrize("nb,c,h,w", [(2, 3, 7, 9), (1, 40, 33, 36)])
+@pytest.mark.parametrize("nb,c,h,w", [(2, 3, 7, 9), (1, 40, 33, 36), (3, 24, 8, 8)])
 def test_im2col_and_col2im_match_reference(k, sy, sx, p, dil, nb, c, h, w):
-    """im2col against the slow reference; col2im_add is its adjoint, ADDING into x:
+    """im2col (and im2col_wide, its items side by side) against the slow reference, below and
+    above PARALLEL_MIN_COPY; col2im_add is its adjoint, ADDING into x:
     <im2col(x), g> == <x, col2im(g)> and the added amount is the reference's transpose."""
     pad = p * dil
     oh = (h + 2 * pad - (dil * (k - 1) + 1)) // sy + 1
@@ -191,6 +192,9 @@ def test_im2col_and_col2im_match_reference(k, sy, sx, p, dil, nb, c, h, w):
     col = np.full((nb, c * k * k, oh * ow), np.nan)
     ic.im2col(col, x, k, sy, sx, pad, dil, oh, ow)
     assert np.array_equal(col, im2col_ref(x, k, sy, sx, pad, dil, oh, ow))
+    wide = np.full((c * k * k, nb, oh * ow), np.nan)          # items side by side: the same rows
+    ic.im2col_wide(wide, x, k, sy, sx, pad, dil, oh, ow)
+    assert np.array_equal(wide, col.transpose(1, 0, 2))
     g = rng.standard_normal(col.shape)
     base = rng.standard_normal(x.shape)
     back = base.copy()

@@ -186,3 +186,31 @@ def test_winograd_chunk_rule(monkeypatch):
     net = network_from_text(CFG.format(batch=40, h=16, w=16, padding=1, bn=0))
     layer = net.layers[0]
     assert layer.winograd and 1 <= layer.wchunk <= 40
+
+
+def inputs_reference(x, pad):
+    """V (16, c, nb·th·tw) = Bᵀ d B of every tile's 4x4 patch d, from a zero-padded copy of x."""
+    nb, c, h, w = x.shape
+    th, tw = wg.tiles(h + 2 * pad - 2, w + 2 * pad - 2)
+    xp = np.zeros((nb, c, 2 * th + 2, 2 * tw + 2))
+    xp[:, :, pad:pad + h, pad:pad + w] = x[:, :, :2 * th + 2 - pad, :2 * tw + 2 - pad]
+    bt = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], float)
+    v = np.empty((4, 4, c, nb, th, tw))
+    for ty in range(th):
+        for tx in range(tw):
+            d = xp[:, :, 2 * ty:2 * ty + 4, 2 * tx:2 * tx + 4]            # (nb, c, 4, 4)
+            v[:, :, :, :, ty, tx] = np.einsum("ik,bckl,jl->ijcb", bt, d, bt)
+    return v.reshape(16, c, nb * th * tw)
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 90, 85, 1), (2, 40, 9, 9, 2), (3, 1, 5, 120, 0),
+                                   (2, 24, 16, 16, 1)])
+def test_input_transform_matches_its_definition(shape):
+    """The input transform against V = Bᵀ d B of every tile, on long rows, many channels and every
+    padding."""
+    nb, c, h, w, pad = shape
+    x = np.random.default_rng(sum(shape)).standard_normal((nb, c, h, w))
+    ref = inputs_reference(x, pad)
+    v = np.full(ref.shape, np.nan)
+    wg.inputs(v, x, pad)
+    np.testing.assert_allclose(v, ref, rtol=1e-12, atol=1e-12)
