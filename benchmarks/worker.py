@@ -134,12 +134,16 @@ class DarkpyRunner:
         self.truth = load_truth(job, self.net.output_layer.outputs, self.net.truths)
         self.heads = sorted({self.net.output_layer.index}
                             | {l.index for l in self.net.layers if l.kind == "yolo"})
+        if job["mode"] == "infer":
+            # as `darkpy predict/detect/valid/map` run: only the compared outputs keep their own
+            # buffers (`check`, which reads every layer, gives every layer its own again)
+            self.net.share_outputs(keep=self.heads)
 
     def buffers(self) -> dict:
         """darkpy's allocated buffers by role, in MB."""
-        out = {"output": 0, "delta": 0, "other": 0}
+        from darkpy.outputs_plan import output_bytes
+        out = {"output": output_bytes(self.net.layers), "delta": 0, "other": 0}
         for layer in self.net.layers:
-            out["output"] += layer.output.nbytes
             out["delta"] += layer.delta.nbytes
             extra = getattr(layer, "extra_buffers", None)
             out["other"] += sum(a.nbytes for a in extra()) if extra else 0
@@ -160,6 +164,7 @@ class DarkpyRunner:
             self.net.forward(self.x)
 
     def check(self, out: str, all_layers: bool) -> dict:
+        self.net.unshare_outputs()
         self.net.forward(self.x)
         picks = range(len(self.net.layers)) if all_layers else check_picks(
             [l.kind for l in self.net.layers], self.heads)

@@ -36,6 +36,7 @@ def _load_detector(cfg: str, weights: str, batch: int = 1):
         net.load_weights(weights)
     except WeightsError as e:
         raise e.with_cfg_hint() from None
+    net.share_outputs()         # inference only: the heads keep their outputs, the rest share memory
     return net
 
 

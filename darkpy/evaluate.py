@@ -97,6 +97,7 @@ def _load_for_inference(cfg, weights, notify=None):
         net.load_weights(weights)
     except WeightsError as e:
         raise e.with_cfg_hint() from None
+    net.share_outputs()         # inference only: the output layer keeps its buffer, the rest share one
     return net
 
 

@@ -87,6 +87,10 @@ class Layer:
     #: Earlier layers read besides the input (route sources, shortcut/sam `from`), as absolute
     #: indices. Network.resize re-sizes such a layer even when its input shape did not change.
     refs: tuple[int, ...] = ()
+    #: Network.share_outputs may replace `output` by a view of a shared arena (inference): False
+    #: for layers whose output is not a plain buffer of their own (an inner layer's) or carries
+    #: state from one forward to the next.
+    output_shareable: ClassVar[bool] = True
 
     def __init__(self, index: int, in_shape: Shape, out_shape: Shape, dtype=np.float32):
         self.index = index

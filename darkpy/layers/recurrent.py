@@ -218,6 +218,7 @@ class _Recurrent(Layer):
     """What the four recurrent families share: inner layers, time-major rows, state handling."""
 
     resizable = False
+    output_shareable = False            # rnn/crnn output their output sub-layer's buffer
 
     def __init__(self, index: int, in_shape, out_shape, steps: int, dtype=np.float32):
         super().__init__(index, in_shape, out_shape, dtype)

@@ -1,0 +1,131 @@
+"""Inference memory plan: layer outputs that nothing reads after a forward share one arena.
+
+Every layer owns its `output` buffer, and after a forward every one of them is readable, as in
+Darknet. Inference at a large batch pays for that: yolov4-tiny at 416 x 416 holds 2.9 GB of layer
+outputs at batch 64, when at most ~0.5 GB of them are alive at any one time. `Network.share_outputs`
+gives the layers whose outputs are only read during the forward (by the next layer, or by a later
+`[route]`/`[shortcut]`/... through `refs`) views of one arena instead, placed so that two outputs
+share memory only when their lives do not overlap:
+
+- layer i's output lives from its own forward to its last reader's (`last_uses`): the next layer,
+  and every layer that names i in `refs`;
+- the network's output layer, cost layers, detection heads and any layer the caller names keep
+  buffers of their own (they are read after the forward), as do layers that do not own a plain
+  output buffer (`Layer.output_shareable` False: composite layers whose output is an inner
+  layer's);
+- placement is first come, best fit over the free blocks (`place`), each block 64-byte aligned.
+
+A layer never writes over its own input: the input's life reaches at least to that layer, so the
+two never share memory. Outputs other than the kept ones hold garbage after a forward, which is
+why this is for inference only: a training forward, or a backward, on such a network is refused.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+#: Block alignment in values of 4 bytes: 64 bytes, a cache line and an AVX-512 vector.
+ALIGN = 16
+
+
+def last_uses(layers: Sequence) -> list[int]:
+    """For each layer, the index of the last layer that reads its output during a forward: the next
+    layer (which takes it as input) and every layer whose `refs` name it."""
+    last = [min(i + 1, len(layers) - 1) for i in range(len(layers))]
+    for j, layer in enumerate(layers):
+        for i in getattr(layer, "refs", ()):
+            last[i] = max(last[i], j)
+    return last
+
+
+def kept_layers(layers: Sequence, output_index: int, keep: Iterable[int] = ()) -> set[int]:
+    """Layers whose output must stay readable after a forward (see the module docstring)."""
+    kept = {output_index, *keep}
+    for i, layer in enumerate(layers):
+        if (layer.has_cost or getattr(layer, "is_detection_head", False)
+                or not getattr(layer, "output_shareable", True)):
+            kept.add(i)
+    return kept
+
+
+def place(sizes: Sequence[int], first: Sequence[int], last: Sequence[int]) -> tuple[list[int], int]:
+    """Offsets in one arena for blocks of `sizes` values alive from step first[i] to last[i]
+    (inclusive; blocks of size 0 are not placed), and the arena's size. Blocks are placed in order
+    of their first step, each in the smallest free gap that holds it (else at the end), after every
+    block whose life ended before its first step is freed. Two blocks overlap in memory only if
+    their lives do not."""
+    order = sorted((i for i, n in enumerate(sizes) if n > 0), key=lambda i: (first[i], i))
+    offsets = [0] * len(sizes)
+    live: list[int] = []                    # blocks placed and not yet freed
+    free: list[tuple[int, int]] = []        # (offset, size) gaps below `end`
+    end = 0
+    for i in order:
+        for j in [j for j in live if last[j] < first[i]]:
+            live.remove(j)
+            free = _merge(free + [(offsets[j], _aligned(sizes[j]))])
+        need = _aligned(sizes[i])
+        fits = [g for g in free if g[1] >= need]
+        if fits:
+            gap = min(fits, key=lambda g: (g[1], g[0]))
+            free.remove(gap)
+            if gap[1] > need:
+                free.append((gap[0] + need, gap[1] - need))
+            offsets[i] = gap[0]
+        else:
+            tail = [g for g in free if g[0] + g[1] == end]     # grow the last gap, if it ends the arena
+            start = tail[0][0] if tail else end
+            if tail:
+                free.remove(tail[0])
+            offsets[i] = start
+            end = start + need
+        live.append(i)
+    return offsets, end
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _merge(gaps: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Adjacent free gaps as one."""
+    out: list[tuple[int, int]] = []
+    for off, size in sorted(gaps):
+        if out and out[-1][0] + out[-1][1] == off:
+            out[-1] = (out[-1][0], out[-1][1] + size)
+        else:
+            out.append((off, size))
+    return out
+
+
+def apply(layers: Sequence, output_index: int, keep: Iterable[int], dtype) -> tuple[np.ndarray, int]:
+    """Point the shareable layers' `output` at views of one new arena (their current buffers must
+    be the plain `(batch, *out_shape)` ones `allocate` made). Returns the arena and the bytes the
+    replaced buffers took."""
+    kept = kept_layers(layers, output_index, keep)
+    last = last_uses(layers)
+    sizes = [0 if i in kept or not _plain(layer) else layer.output.size for i, layer in enumerate(layers)]
+    offsets, total = place(sizes, list(range(len(layers))), last)
+    arena = np.empty(max(total, 1), dtype)
+    replaced = 0
+    for i, layer in enumerate(layers):
+        if sizes[i]:
+            replaced += layer.output.nbytes
+            layer.output = arena[offsets[i]:offsets[i] + sizes[i]].reshape(layer.output.shape)
+    return arena, replaced
+
+
+def output_bytes(layers: Sequence) -> int:
+    """Bytes of the distinct buffers the layers' outputs live in (an arena counted once)."""
+    seen = {}
+    for layer in layers:
+        buf = layer.output if layer.output.base is None else layer.output.base
+        seen[id(buf)] = buf.nbytes
+    return sum(seen.values())
+
+
+def _plain(layer) -> bool:
+    """The layer owns an ordinary C-contiguous `(batch, *out_shape)` output."""
+    out = layer.output
+    return (isinstance(out, np.ndarray) and out.base is None and out.flags.c_contiguous
+            and out.shape == (layer.batch, *layer.out_shape))

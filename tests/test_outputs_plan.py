@@ -1,0 +1,183 @@
+"""Network.share_outputs: inference with the layer outputs nothing reads afterwards in one arena.
+
+- The placement (`outputs_plan.place`): two blocks whose lives overlap never share memory, on
+  random lives (hypothesis), and the arena is no larger than needed for the live set in the cases
+  where that is known.
+- Every shared network darkpy exports gives the same outputs (network output and detection heads)
+  with shared outputs as without, with the arena filled with NaN first (a layer that read a value
+  it did not write would show it) and again on a second input (nothing carried over).
+- The state rules: training and backward are refused, set_batch/resize keep the plan, `keep`
+  keeps a layer readable, a bad index is a one-line error; and the memory it gives back.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import shared_path
+from darkpy import outputs_plan
+from darkpy.errors import StateError
+from darkpy.network import network_from_text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import export_cases as ec  # noqa: E402
+from test_export import _params as exported_networks  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 12), st.integers(0, 5000)), min_size=1,
+                max_size=30))
+def test_blocks_alive_together_never_overlap(blocks):
+    first = [b[0] for b in blocks]
+    last = [b[0] + b[1] for b in blocks]
+    sizes = [b[2] for b in blocks]
+    offsets, total = outputs_plan.place(sizes, first, last)
+    for i in range(len(blocks)):
+        if sizes[i]:
+            assert offsets[i] % outputs_plan.ALIGN == 0 and offsets[i] + sizes[i] <= total
+        for j in range(i):
+            if sizes[i] and sizes[j] and first[i] <= last[j] and first[j] <= last[i]:
+                assert offsets[i] + sizes[i] <= offsets[j] or offsets[j] + sizes[j] <= offsets[i], (i, j)
+
+
+def test_a_chain_needs_only_two_blocks_and_a_route_keeps_its_source_alive():
+    # a chain: each block lives until the next one is made, so two blocks' worth is enough
+    offsets, total = outputs_plan.place([160] * 6, list(range(6)), [i + 1 for i in range(6)])
+    assert total == 320 and len(set(offsets)) == 2
+    net = network_from_text(CHAIN_WITH_ROUTE, batch=1)
+    assert outputs_plan.last_uses(net.layers) == [5, 2, 3, 4, 5, 5]      # layer 0 is read by the route
+
+
+CHAIN_WITH_ROUTE = """
+[net]
+width=12
+height=12
+channels=3
+[convolutional]
+filters=4
+size=3
+pad=1
+activation=leaky
+[convolutional]
+filters=4
+size=3
+pad=1
+activation=leaky
+[maxpool]
+size=2
+stride=2
+[upsample]
+stride=2
+[convolutional]
+filters=4
+size=1
+activation=linear
+[route]
+layers=-1,0
+"""
+
+
+def _heads(net):
+    return [net.layers.index(net.output_layer)] + [l.index for l in net.layers
+                                                   if getattr(l, "is_detection_head", False)]
+
+
+@pytest.mark.parametrize("name", exported_networks())     # one per distinct network, as there
+def test_shared_outputs_give_the_same_outputs(name):
+    shared_path("cfg")
+    case = ec.prepare(name)                 # built at a small size, random weights, one forward run
+    net, x = case.net, case.x
+    x2 = np.random.default_rng(1).random(x.shape, dtype=np.float32)
+    want = []
+    for inp in (x, x2):
+        net.forward(inp)
+        want.append([net.layers[i].output.copy() for i in _heads(net)])
+    net.share_outputs()
+    assert net._arena is not None
+    net._arena[...] = np.nan
+    for inp, ref in zip((x, x2), want):
+        net.forward(inp)
+        for i, r in zip(_heads(net), ref):
+            got = net.layers[i].output
+            scale = max(float(np.abs(r).max()), 1e-30)
+            assert np.isfinite(got).all() == np.isfinite(r).all(), f"{name}: layer {i} not finite"
+            assert float(np.abs(got - r).max()) <= 1e-6 * scale, f"{name}: layer {i} differs"
+
+
+SMALL = """
+[net]
+width=16
+height=16
+channels=3
+batch=2
+[convolutional]
+filters=8
+size=3
+pad=1
+activation=leaky
+[maxpool]
+size=2
+stride=2
+[convolutional]
+filters=8
+size=3
+pad=1
+activation=leaky
+[connected]
+output=5
+activation=linear
+[softmax]
+"""
+
+
+def test_training_is_refused_until_unshared_and_the_plan_survives_batch_and_size_changes():
+    net = network_from_text(SMALL, batch=2)
+    x = np.random.default_rng(0).random((2, 3, 16, 16), dtype=np.float32)
+    truth = np.eye(5, dtype=np.float32)[[1, 3]]
+    ref = net.predict(x)
+    net.share_outputs()
+    assert np.allclose(net.predict(x), ref, rtol=1e-6, atol=1e-7)
+    assert np.shares_memory(net.layers[0].output, net.layers[2].output)     # both in the arena
+    with pytest.raises(StateError, match="share_outputs.*unshare_outputs"):
+        net.forward(x, truth, train=True)
+    net.set_batch(3)
+    assert net._arena is not None and np.shares_memory(net.layers[1].output, net._arena)
+    assert np.allclose(net.predict(np.concatenate([x, x[:1]]))[:2], ref, rtol=1e-6, atol=1e-7)
+    net.unshare_outputs()
+    assert net._arena is None and not np.shares_memory(net.layers[0].output, net.layers[2].output)
+    net.set_batch(2)
+    net.forward(x, truth, train=True)
+    net.backward()                                            # training works again
+
+
+def test_keep_leaves_a_layer_readable_and_bad_indices_are_one_line_errors():
+    net = network_from_text(SMALL, batch=2)
+    x = np.random.default_rng(0).random((2, 3, 16, 16), dtype=np.float32)
+    net.forward(x)
+    conv2 = net.layers[2].output.copy()
+    net.share_outputs(keep=[2])
+    net.forward(x)
+    assert np.allclose(net.layers[2].output, conv2, rtol=1e-6, atol=1e-7)
+    assert not np.shares_memory(net.layers[2].output, net._arena)
+    with pytest.raises(StateError, match="no layer 9 .*0..4"):
+        net.share_outputs(keep=[9])
+
+
+def test_memory_given_back_at_batch_64():
+    """yolov3-tiny-sized outputs: the arena holds what is alive at once, not every layer."""
+    shared_path("cfg")
+    from darkpy.cfg import load_cfg
+    from darkpy.network import Network
+    doc = load_cfg(shared_path("cfg", "pjreddie", "yolov3-tiny.cfg"))
+    for key in ("width", "height"):
+        doc.set(f"net.{key}", "416")
+    net = Network(doc, batch=64, shapes_only=False)
+    before = outputs_plan.output_bytes(net.layers)
+    saved = net.share_outputs()
+    after = outputs_plan.output_bytes(net.layers)
+    assert before - after == saved and after < 0.55 * before, (before, after)
