@@ -93,10 +93,13 @@ def _net(monkeypatch, winograd, dtype=np.float64, batch=3, h=7, w=6, padding=1, 
 @pytest.mark.parametrize("bn", [0, 1])
 def test_layer_winograd_equals_im2col(monkeypatch, padding, bn):
     """Forward output, input delta and weight/bias/scale gradients of the Winograd path equal the
-    im2col path's (float64), including with the batch split into chunks."""
+    im2col path's (float64), including with the batch split into chunks, with the forward's input
+    transform kept for the weight gradient and recomputed there."""
     rng = np.random.default_rng(padding + 10 * bn)
     results = []
-    for winograd, chunk in ((False, None), (True, None), (True, 16 * 12 * 24)):
+    for winograd, chunk, keep in ((False, None, 0), (True, None, 1 << 23), (True, 16 * 12 * 24, 1 << 23),
+                                  (True, 16 * 12 * 24, 0)):
+        monkeypatch.setattr(conv, "WINOGRAD_KEEP_VALUES", keep)
         net = _net(monkeypatch, winograd, padding=padding, bn=bn, chunk=chunk)
         layer = net.layers[0]
         if chunk is not None:
@@ -104,6 +107,7 @@ def test_layer_winograd_equals_im2col(monkeypatch, padding, bn):
         layer.init_weights(np.random.default_rng(1))
         x = np.random.default_rng(2).uniform(-1, 1, net.input.shape)
         net.forward(x, train=True)
+        assert layer._v_kept == (winograd and keep > 0)
         out = layer.output.copy()
         layer.delta[...] = np.random.default_rng(3).standard_normal(layer.delta.shape)
         prev = np.full(x.shape, 0.5)
@@ -214,3 +218,26 @@ def test_input_transform_matches_its_definition(shape):
     v = np.full(ref.shape, np.nan)
     wg.inputs(v, x, pad)
     np.testing.assert_allclose(v, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_kept_transform_is_used_only_after_a_training_forward(monkeypatch):
+    """The weight gradient reads the kept transform only when the last forward was a training one:
+    after an inference forward on another input it transforms the input it is given."""
+    net = _net(monkeypatch, True, batch=2)
+    layer = net.layers[0]
+    layer.init_weights(np.random.default_rng(1))
+    rng = np.random.default_rng(7)
+    x, other = rng.uniform(-1, 1, net.input.shape), rng.uniform(-1, 1, net.input.shape)
+    delta = rng.standard_normal(layer.output.shape)
+    grads = []
+    for first in (x, other):
+        net.forward(first, train=True)
+        assert layer._v_kept
+        if first is other:
+            net.forward(x)          # inference on x: the kept transform (of `other`) is stale now
+            assert not layer._v_kept
+        layer.delta[...] = delta
+        layer.weights.grad.fill(0)
+        layer.backward(State(input=x, delta=None, truth=None, train=True, layers=net.layers, net=net))
+        grads.append(layer.weights.grad.copy())
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-12, atol=1e-12)

@@ -56,6 +56,11 @@ WINOGRAD_MIN_CHANNELS = 16
 #: slower with one 196-tile item per chunk).
 WINOGRAD_CHUNK_VALUES = 1 << 20
 WINOGRAD_MIN_GEMM_TILES = 256
+#: A training forward keeps the Winograd transform of its input, V (16 values per 2x2 tile and
+#: channel, about 4x the input), for the weight gradient, which otherwise transforms the same input
+#: again, when the whole batch's V has at most this many values (32 MiB in float32): small layers
+#: and batches (digits, shapes-tiny); larger ones recompute it rather than hold it.
+WINOGRAD_KEEP_VALUES = 1 << 23
 #: Direct convolution (kernels/direct.py) for layers with at most 4 input channels and 32 filters
 #: (first layers): no im2col matrix, in the forward pass and the weight gradient (the input
 #: gradient, which a first layer never computes, stays im2col's). False: always im2col + GEMM.
@@ -225,6 +230,8 @@ class ConvolutionalLayer(Layer):
         # batch 64 would otherwise carry up to twice the activations for nothing)
         self.pre = np.zeros((0,), self.dtype)
         self.xnorm = np.zeros((0,), self.dtype)
+        self.vkeep = np.zeros((0,), self.dtype)
+        self._v_kept = False
         rows, cols = self.col_shape
         ng = self.n // self.groups
         self.chunk = ic.chunk_items(rows * cols + ng * cols, batch)
@@ -268,9 +275,13 @@ class ConvolutionalLayer(Layer):
             ng = self.n // self.groups
             self.wgrad_tmp = self.training_buffer(
                 self.wgrad_tmp, (ng, rows) if self.wide else (self.chunk, ng, rows))
+        if self.winograd:
+            kept = sum(_xi_size(self.in_shape[0], tiles) for _, tiles in self._chunk_tiles(self.out_shape[1:]))
+            if kept <= WINOGRAD_KEEP_VALUES:
+                self.vkeep = self.training_buffer(self.vkeep, (kept,))
 
     def extra_buffers(self) -> list[np.ndarray]:
-        return [self.pre, self.xnorm, self.wgrad_tmp]
+        return [self.pre, self.xnorm, self.wgrad_tmp, self.vkeep]
 
     def after_load(self) -> None:
         """`flipped=1`: the file stores the weight matrix transposed, [c·k·k][n]."""
@@ -323,9 +334,12 @@ class ConvolutionalLayer(Layer):
         _, oh, ow = self.out_shape
         x = s.input.reshape(self.batch, *self.in_shape)
         y = self.output.reshape(self.batch, self.n, oh * ow)
+        self._v_kept = False
         if self.winograd:
+            keep = s.train and self.vkeep.size > 0
             self._winograd(x, self.weights.value, self.padding, y.reshape(self.batch, self.n, oh, ow),
-                           add=False)
+                           add=False, keep=keep)
+            self._v_kept = keep
         elif self.direct:
             dk.conv_forward(y.reshape(self.batch, self.n, oh, ow), x, self.weights.value,
                             self.stride_y, self.stride_x, self.padding,
@@ -346,39 +360,49 @@ class ConvolutionalLayer(Layer):
             self.allocate_training()         # a no-op once they exist (the network sizes them)
         forward_bias_bn_act(self, y, s.train, keep_pre=s.train)
 
-    def _winograd(self, x: np.ndarray, w: np.ndarray, pad: int, y: np.ndarray, add: bool) -> None:
+    def _winograd(self, x: np.ndarray, w: np.ndarray, pad: int, y: np.ndarray, add: bool,
+                  keep: bool = False) -> None:
         """y (B, n', oh', ow') = (or +=) the 3x3 stride-1 correlation of x (B, c', h', w') with the
         filters w (n', c', 3, 3) and padding `pad`, by Winograd F(2x2, 3x3), `self.wchunk` items at
         a time. Forward: x the input, w the weights. Backward: x the delta, w the weights flipped
-        and transposed, pad 2 − padding, y the previous delta."""
+        and transposed, pad 2 − padding, y the previous delta. `keep`: the transformed input goes
+        to `vkeep` (for the weight gradient) instead of the workspace."""
         n, c = w.shape[:2]
         u = _xi_view(0, n, c, self.dtype)
         wg.filters(u, w)
-        for items, v, m in self._winograd_chunks(c, n, y.shape[2:]):
+        for items, v, m in self._winograd_chunks(c, n, y.shape[2:], kept=keep):
             wg.inputs(v, x[items], pad)
             np.matmul(u, v, out=m)          # the 16 GEMMs in one call (numpy loops over ξ)
             wg.outputs(y[items], m, add)
 
-    def _winograd_chunks(self, c: int, n: int, out_hw: tuple):
-        """(item slice, V (16, c, tiles), M (16, n, tiles)) per chunk of `self.wchunk` items,
-        views of the workspace after the 16 (n, c) matrices at its start (U or dU), for an output
-        of out_hw (h, w) per item."""
+    def _chunk_tiles(self, out_hw: tuple):
+        """(item slice, tiles) of each Winograd chunk for an output of out_hw (h, w) per item."""
         th, tw = wg.tiles(*out_hw)
-        off = _xi_size(n, c)
         for b0 in range(0, self.batch, self.wchunk):
             b1 = min(b0 + self.wchunk, self.batch)
-            tiles = (b1 - b0) * th * tw
-            yield (slice(b0, b1), _xi_view(off, c, tiles, self.dtype),
-                   _xi_view(off + _xi_size(c, tiles), n, tiles, self.dtype))
+            yield slice(b0, b1), (b1 - b0) * th * tw
+
+    def _winograd_chunks(self, c: int, n: int, out_hw: tuple, kept: bool = False):
+        """(item slice, V (16, c, tiles), M (16, n, tiles)) per chunk of `self.wchunk` items,
+        views of the workspace after the 16 (n, c) matrices at its start (U or dU), for an output
+        of out_hw (h, w) per item; V from `vkeep` instead with `kept` (chunk after chunk)."""
+        off = _xi_size(n, c)
+        at = 0
+        for items, tiles in self._chunk_tiles(out_hw):
+            v = _xi_view(at, c, tiles, self.dtype, self.vkeep) if kept else _xi_view(off, c, tiles, self.dtype)
+            at += _xi_size(c, tiles)
+            yield items, v, _xi_view(off + _xi_size(c, tiles), n, tiles, self.dtype)
 
     def _winograd_weight_grad(self, x: np.ndarray, dy: np.ndarray) -> None:
         """weights.grad += the gradient of the Winograd forward, exactly the convolution's: per
         chunk, dM = A dY Aᵀ per tile (dy (B, n, oh, ow)), the 16 GEMMs dU[ξ] = dM[ξ] @ V[ξ]ᵀ with V
-        the input's transform (x (B, c, h, w)), and Gᵀ dU G added into the gradient."""
+        the input's transform (x (B, c, h, w); kept by the training forward when it fits
+        WINOGRAD_KEEP_VALUES, else computed again), and Gᵀ dU G added into the gradient."""
         n, c = self.n, self.in_shape[0]
         du = _xi_view(0, n, c, self.dtype)
-        for items, v, dm in self._winograd_chunks(c, n, dy.shape[2:]):
-            wg.inputs(v, x[items], self.padding)
+        for items, v, dm in self._winograd_chunks(c, n, dy.shape[2:], kept=self._v_kept):
+            if not self._v_kept:
+                wg.inputs(v, x[items], self.padding)
             wg.outputs_adjoint(dm, dy[items])
             np.matmul(dm, v.transpose(0, 2, 1), out=du)
             wg.filters_adjoint_add(self.weights.grad, du)
@@ -488,10 +512,12 @@ def _xi_size(a: int, b: int) -> int:
     return 16 * (a * b + XI_PAD)
 
 
-def _xi_view(offset: int, a: int, b: int, dtype) -> np.ndarray:
-    """16 (a, b) matrices in the shared workspace from `offset`, each XI_PAD values after the
-    previous one ends: a (16, a, b) view whose every [ξ] is a BLAS-ready matrix."""
-    flat = ic.get((16, a * b + XI_PAD), dtype, offset)
+def _xi_view(offset: int, a: int, b: int, dtype, buf: np.ndarray | None = None) -> np.ndarray:
+    """16 (a, b) matrices in the shared workspace (or the flat array `buf`) from `offset`, each
+    XI_PAD values after the previous one ends: a (16, a, b) view whose every [ξ] is a BLAS-ready
+    matrix."""
+    n = 16 * (a * b + XI_PAD)
+    flat = (ic.get((n,), dtype, offset) if buf is None else buf[offset:offset + n]).reshape(16, -1)
     return flat[:, :a * b].reshape(16, a, b)
 
 
