@@ -321,13 +321,17 @@ def test_load_weights_random_files(tmp_path_factory, data):
 
 
 def test_generated_networks_are_not_all_rejected():
-    """The network strategies must reach forward passes, or the fuzzing above proves little."""
+    """The network strategies must reach forward passes, or the fuzzing above proves little. (About
+    one generated network in 170 builds three layers: 300 unseeded examples missed in about one run
+    in six, so the search is seeded and long enough to miss in about one in 10^5 with any seed.)"""
+    import random
+
     from hypothesis import find
     def builds_three_layers(text):
         layers = _quiet_build(text)
         return layers is not None and len(layers) >= 3
-    assert find(network_text(max_layers=4), builds_three_layers,
-                settings=settings(max_examples=300, deadline=None, database=None, phases=[Phase.generate]))
+    assert find(network_text(max_layers=4), builds_three_layers, random=random.Random(0),
+                settings=settings(max_examples=2000, deadline=None, database=None, phases=[Phase.generate]))
 
 
 def _quiet_build(text):
