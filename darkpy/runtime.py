@@ -22,6 +22,8 @@ def configure_threads(threads: int) -> int:
         pass   # BLAS keeps its own default: environment variables set now would be too late
     else:
         threadpool_limits(limits=n)
+        from . import blas
+        blas.configure(n)     # small GEMMs of darkpy.blas.matmul on one BLAS thread (see there)
     return n
 
 

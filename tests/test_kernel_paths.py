@@ -1,7 +1,8 @@
-"""The element-wise and layout kernels that take a serial branch below `PARALLEL_MIN` values and a
-parallel one above it (kernels/__init__.py): both branches against a slow reference (numpy, or the
-scalar `_act`), so neither can drift from the other. Sizes: `SMALL` well below the threshold,
-`LARGE` above it and not a multiple of any block size."""
+"""The element-wise and layout kernels that take a serial branch below a threshold (`PARALLEL_MIN`
+values, `PARALLEL_MIN_FLAT` for the flat cheap ones: kernels/__init__.py) and a parallel one above
+it: both branches against a slow reference (numpy, or the scalar `_act`), so neither can drift from
+the other. Sizes: `SMALL` well below every threshold, `large(threshold)`
+above it and not a multiple of any block size."""
 from __future__ import annotations
 
 import itertools
@@ -10,10 +11,11 @@ import math
 import numpy as np
 import pytest
 
-from darkpy.kernels import PARALLEL_MIN
+from darkpy.kernels import PARALLEL_MIN, PARALLEL_MIN_FLAT
 from darkpy.kernels import activations as A
 from darkpy.kernels import bn as bnk
 from darkpy.kernels import im2col as ic
+from darkpy.layers import recurrent as R
 from darkpy.layers.shortcut import shortcut_add_act
 from darkpy.layers.softmax import softmax_forward
 from darkpy.layers.upsample import upsample_forward
@@ -21,7 +23,16 @@ from darkpy.layers.yolo import yolo_activate
 from helpers import assert_close
 
 SMALL = 1000
-LARGE = PARALLEL_MIN + 12345
+
+
+def large(threshold: int) -> int:
+    """A size above `threshold` that is not a multiple of any block size."""
+    return threshold + 12345
+
+
+def act_large(a: int, cheap_threshold: int) -> int:
+    """A size at which a kernel applying activation `a` takes its parallel branch."""
+    return large(int(A.parallel_min(a, cheap_threshold)))
 
 
 def _values(n, dtype, seed=0):
@@ -53,17 +64,18 @@ def test_activate_and_gradient_parallel_equal_serial(name):
     """Above the threshold (parallel spans) the values are exactly those of the serial branch,
     run here on chunks below the threshold."""
     a = A.code(name)
-    x = _values(LARGE, np.float32, 1)
+    n = act_large(a, PARALLEL_MIN_FLAT)
+    x = _values(n, np.float32, 1)
     y = x.copy()
     A.activate(y, a)
     expected = x.copy()
-    for lo in range(0, LARGE, SMALL):
+    for lo in range(0, n, SMALL):
         A.activate(expected[lo:lo + SMALL], a)
     assert np.array_equal(y, expected)
-    d = np.random.default_rng(2).standard_normal(LARGE).astype(np.float32)
+    d = np.random.default_rng(2).standard_normal(n).astype(np.float32)
     d_par, d_ser = d.copy(), d.copy()
     A.gradient(d_par, y, x, a)
-    for lo in range(0, LARGE, SMALL):
+    for lo in range(0, n, SMALL):
         A.gradient(d_ser[lo:lo + SMALL], y[lo:lo + SMALL], x[lo:lo + SMALL], a)
     assert np.array_equal(d_par, d_ser)
 
@@ -111,9 +123,10 @@ def test_bn_training_pass_matches_numpy(shape):
 # -- shortcut --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name,keep_pre", [("leaky", False), ("linear", False), ("logistic", False),
                                            ("swish", True)])
-@pytest.mark.parametrize("n", [SMALL, LARGE])
-def test_shortcut_fused_pass_matches_numpy(name, keep_pre, n):
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_shortcut_fused_pass_matches_numpy(name, keep_pre, size):
     a = A.code(name)
+    n = SMALL if size == "small" else act_large(a, PARALLEL_MIN_FLAT)
     rng = np.random.default_rng(5)
     prev, add = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     alpha, beta = np.float32(0.5), np.float32(1.5)
@@ -256,3 +269,29 @@ def test_softmax_xent_both_branches(items):
     softmax_xent(delta, loss, p, x, t, groups, temp)
     assert_close(delta, t - p, 1e-6, 1e-7, "softmax_xent delta")
     assert_close(loss, np.where(t != 0, -logp.reshape(items, -1), 0), 1e-5, 1e-5, "softmax_xent loss")
+
+
+# -- gru/lstm kernels: parallel over rows above PARALLEL_MIN values, serial below -------------------------
+RNN_KERNELS = {        # kernel: (number of (b, n) arrays, extra scalar arguments)
+    "gru_gates": (8, ()), "gru_output": (6, (A.TANH,)), "gru_backward_out": (7, (A.LOGISTIC,)),
+    "gru_backward_reset": (5, ()), "lstm_step": (15, ()), "lstm_backward_step": (12, ()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RNN_KERNELS))
+def test_recurrent_kernels_parallel_equal_serial(name):
+    """A batch above PARALLEL_MIN values (parallel rows) gives exactly the values of the same kernel
+    run one row at a time (each call far below the threshold: the serial branch)."""
+    kernel = getattr(R, name)
+    count, extra = RNN_KERNELS[name]
+    rows, units = 64, 600
+    assert rows * units >= PARALLEL_MIN > units
+    rng = np.random.default_rng(9)
+    arrays = [rng.uniform(0.05, 0.95, (rows, units)).astype(np.float32) for _ in range(count)]
+    par = [a.copy() for a in arrays]
+    kernel(*par, *extra)
+    ser = [a.copy() for a in arrays]
+    for r in range(rows):
+        kernel(*[a[r:r + 1] for a in ser], *extra)
+    for i, (p, q) in enumerate(zip(par, ser)):
+        assert np.array_equal(p, q), f"{name}: array {i} differs"

@@ -13,8 +13,11 @@ import numba
 import numpy as np
 import pytest
 
+from darkpy.kernels import activations as act
+from darkpy.kernels import bn as bnk
 from darkpy.kernels import direct as dk
 from darkpy.kernels import winograd as wg
+from darkpy.layers import pooling, recurrent, shortcut, upsample
 
 
 def _parfor_lines(kernel, *args):
@@ -50,7 +53,73 @@ def _winograd_outputs_args():
     return np.zeros((2, 4, 7, 6), np.float32), m, False
 
 
+def _f32(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _bn_args(kind):
+    y, c = _f32(2, 3, 8), np.ones(3, np.float32)
+    if kind == "train":
+        return y, np.zeros_like(y), c * 0, c * 0, c * 0, c.copy(), c, c * 0, act.LEAKY, False
+    if kind == "infer":
+        return y, c * 0, c, c, c * 0, act.LEAKY, False
+    return (y, _f32(2, 3, 8, seed=1), _f32(2, 3, 8, seed=2), c, c, c * 0, c * 0, c * 0, act.LEAKY,
+            np.zeros_like(y), False)
+
+
+def _maxpool_args(kind):
+    x = _f32(2, 3, 4, 4)
+    if kind == "planes":
+        return np.zeros((2, 3, 2, 2), np.float32), np.zeros((2, 3, 2, 2), np.int64), x, 2, 2, 2, 0, True
+    if kind == "rows":
+        return np.zeros((12, 2), np.float32), np.zeros((12, 2), np.int64), x.reshape(24, 4), True
+    return np.zeros((2, 48), np.float32), _f32(2, 12), np.zeros((2, 12), np.int64)
+
+
+def _shortcut_args(kind):
+    a, b = _f32(2, 3, 4, 4), _f32(2, 3, 4, 4, seed=1)
+    if kind == "add":
+        return a, b, 1.0, 1.0, 1, 1, 3, 4, 4
+    if kind == "backward":
+        return a, b, _f32(2, 3, 4, 4, seed=2), 0.5, 1.0, 1, 1, 3, 4, 4
+    if kind == "add_act":
+        return a.reshape(-1), a.reshape(-1), b.reshape(-1), b.reshape(-1), np.float32(1), np.float32(1), act.LEAKY, False
+    if kind == "add_flat":
+        return a.reshape(2, -1), b.reshape(2, -1), 1.0, 1.0, 48
+    return a.reshape(2, -1), b.reshape(2, -1), _f32(2, 48, seed=2), 0.5, 1.0, 48
+
+
+def _rnn_args(n_arrays, *extra):
+    return tuple(_f32(2, 5, seed=i) for i in range(n_arrays)) + extra
+
+
 CASES = {
+    "activate": (act.activate, lambda: (_f32(100), act.LEAKY)),
+    "activation gradient": (act.gradient, lambda: (_f32(100), _f32(100, seed=1), _f32(100, seed=2), act.LEAKY)),
+    "bias+act forward": (bnk.bias_act_forward, lambda: (_f32(2, 3, 8), _f32(2, 3, 8), _f32(3), act.LEAKY, False)),
+    "bias+act backward": (bnk.bias_act_backward, lambda: (_f32(2, 3, 8), _f32(2, 3, 8), _f32(2, 3, 8), _f32(3), act.LEAKY)),
+    "bias+act forward rows": (bnk.bias_act_forward_rows, lambda: (_f32(2, 3), _f32(2, 3), _f32(3), act.LEAKY, False)),
+    "bias+act backward rows": (bnk.bias_act_backward_rows, lambda: (_f32(2, 3), _f32(2, 3), _f32(2, 3), _f32(3),
+                                                                     np.zeros(3), act.LEAKY)),
+    "bn forward train": (bnk.bn_act_forward_train, lambda: _bn_args("train")),
+    "bn forward infer": (bnk.bn_act_forward_infer, lambda: _bn_args("infer")),
+    "bn backward": (bnk.bn_act_backward, lambda: _bn_args("backward")),
+    "maxpool planes": (pooling.maxpool_forward, lambda: _maxpool_args("planes")),
+    "maxpool 2x2 rows": (pooling.maxpool_2x2_rows, lambda: _maxpool_args("rows")),
+    "maxpool backward": (pooling.maxpool_backward, lambda: _maxpool_args("backward")),
+    "upsample forward": (upsample.upsample_forward, lambda: (np.zeros((2, 3, 8, 8), np.float32), _f32(2, 3, 4, 4), 2, 1.0)),
+    "upsample backward": (upsample.upsample_backward, lambda: (np.zeros((2, 3, 4, 4), np.float32), _f32(2, 3, 8, 8), 2, 1.0)),
+    "shortcut add": (shortcut.shortcut_add, lambda: _shortcut_args("add")),
+    "shortcut backward": (shortcut.shortcut_backward, lambda: _shortcut_args("backward")),
+    "shortcut add+act": (shortcut.shortcut_add_act, lambda: _shortcut_args("add_act")),
+    "shortcut add flat": (shortcut.shortcut_add_flat, lambda: _shortcut_args("add_flat")),
+    "shortcut backward flat": (shortcut.shortcut_backward_flat, lambda: _shortcut_args("backward_flat")),
+    "gru gates": (recurrent.gru_gates, lambda: _rnn_args(8)),
+    "gru output": (recurrent.gru_output, lambda: _rnn_args(6, act.TANH)),
+    "gru backward out": (recurrent.gru_backward_out, lambda: _rnn_args(7, act.TANH)),
+    "gru backward reset": (recurrent.gru_backward_reset, lambda: _rnn_args(5)),
+    "lstm step": (recurrent.lstm_step, lambda: _rnn_args(15)),
+    "lstm backward step": (recurrent.lstm_backward_step, lambda: _rnn_args(12)),
     "direct forward": (dk._conv_forward_parallel, lambda: _direct_args("forward")),
     "direct weight gradient": (dk._weight_grad_parallel, lambda: _direct_args("wgrad")),
     "winograd inputs": (wg.inputs, _winograd_inputs_args),

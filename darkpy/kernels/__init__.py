@@ -24,9 +24,21 @@ vjit = functools.partial(numba.njit, cache=True, nogil=True, error_model="numpy"
 pjit = functools.partial(numba.njit, cache=True, nogil=True, parallel=True)
 
 #: Values a `pjit` kernel must touch before it runs its loop in parallel. Waking numba's threads
-#: costs ~10 µs per parallel region (measured on 2 cores, more under load), about what one core
+#: costs ~6-10 µs per parallel region (measured on 2 cores, more under load), about what one core
 #: needs to pass over 32k floats; below this size every `pjit` kernel takes its serial branch
 #: (`if n < PARALLEL_MIN: ... range ... else: ... prange ...`), which starts no thread at all.
 #: Batch-1 inference runs dozens of such small kernels per image. (A kernel module reads it when
 #: it compiles: clear the numba cache after changing it.)
+#:
+#: Not higher for the row kernels (bias/BN passes, maxpool): their serial branch is itself slower
+#: than their prange loop run on one thread when rows are short (bias + leaky backward on 131k
+#: values in rows of 64: 163 µs serial branch, 50 µs prange on 1 thread; BN backward 233 vs
+#: 138 µs), so raising their threshold cost more at one thread than it saved at two.
 PARALLEL_MIN = 1 << 15
+#: PARALLEL_MIN_FLAT: the flat kernels whose two branches run the same vectorised span function, one
+#: cheap pass per value (leaky/relu/linear activation and its gradient, shortcut add): ~0.1 ns per
+#: value, so memory bandwidth, not the core, bounds them and a second thread barely helps. Measured
+#: on 2 cores (1 vs 2 threads interleaved, 10th percentile of 300 calls, load ~3.4), 2 threads
+#: against 1: leaky activation 1.71x at 131k values, 1.18x at 524k, 1.11x at 1M, 0.67x at 2M;
+#: shortcut add + leaky 1.43x, 1.00x, 1.09x, 1.07x.
+PARALLEL_MIN_FLAT = 1 << 20

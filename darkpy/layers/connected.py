@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from .. import blas
 from ..kernels import activations as act
 from ..kernels import im2col as ic
 from ..memory import param_zeros
@@ -108,7 +109,7 @@ class ConnectedLayer(Layer):
 
     def forward(self, s: State) -> None:
         x = s.input.reshape(self.batch, self.inputs)
-        np.matmul(x, self.weights.value.T, out=self.output)
+        blas.matmul(x, self.weights.value.T, out=self.output)
         y = self.output.reshape(self.batch, self.n, 1)
         forward_bias_bn_act(self, y, s.train)
 
@@ -118,10 +119,10 @@ class ConnectedLayer(Layer):
         backward_bias_bn_act(self, d, self.output.reshape(d.shape))
         d2 = self.delta.reshape(self.batch, self.n)
         x = s.input.reshape(self.batch, self.inputs)
-        np.matmul(d2.T, x, out=self.wgrad_tmp)
+        blas.matmul(d2.T, x, out=self.wgrad_tmp)
         ic.add_into(self.weights.grad.reshape(-1), self.wgrad_tmp.reshape(-1))
         if s.delta is not None:
-            np.matmul(d2, self.weights.value, out=self.dx_tmp)
+            blas.matmul(d2, self.weights.value, out=self.dx_tmp)
             ic.add_into(s.delta.reshape(-1), self.dx_tmp.reshape(-1))
 
     def weight_arrays(self) -> list[np.ndarray]:

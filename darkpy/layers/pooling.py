@@ -44,25 +44,28 @@ def _max_window(xp, y0, y1, x0, x1):
 
 
 @jit
-def _max_2x2(ra, rb, xs):
-    """The max of ra[xs], ra[xs+1], rb[xs], rb[xs+1] (ties keep the first) and its position 0..3
-    in that order. Straight-line code, which the compiler turns into selects: ~2x faster than
-    `_max_window`'s loops on a 2x2 window."""
+def _max_2x2(ra, rb, xs, ia, ib):
+    """The max of ra[xs], ra[xs+1], rb[xs], rb[xs+1] (ties keep the first) and its flat index:
+    ia + xs, ia + xs + 1, ib + xs or ib + xs + 1 (ia, ib: the flat index of ra[0], rb[0]).
+    Straight-line code, which the compiler turns into selects: ~2x faster than `_max_window`'s
+    loops on a 2x2 window. Selecting the index itself, not a position 0..3 turned into an index
+    afterwards (`k // 2 * row + k % 2`), made training's maxpool 2-4x faster on rows of 4-16
+    outputs (shapes-tiny's 32x32 -> 16x16 layer at b32: 1190 -> 306 µs), the same values."""
     best = ra[xs]
-    k = 0
+    at = ia + xs
     v = ra[xs + 1]
     if v > best:
         best = v
-        k = 1
+        at = ia + xs + 1
     v = rb[xs]
     if v > best:
         best = v
-        k = 2
+        at = ib + xs
     v = rb[xs + 1]
     if v > best:
         best = v
-        k = 3
-    return best, k
+        at = ib + xs + 1
+    return best, at
 
 
 @jit
@@ -121,14 +124,15 @@ def _max_2x2_row(o, io, ra, rb, step, first, wa, wb, with_idx):
     the first window, column `first` of rows wa/W and wb/W of the plane, `first` counting from the
     start of x); with_idx: io[t] = the flat index of the max in x."""
     if with_idx:
-        row = wb - wa              # W, or 0 where rb is ra's copy
+        ia = first + wa
+        ib = first + wb            # ia where rb is ra's copy
         for t in range(o.shape[0]):
-            best, k = _max_2x2(ra, rb, t * step)
+            best, at = _max_2x2(ra, rb, t * step, ia, ib)
             o[t] = best
-            io[t] = first + wa + t * step + (k // 2) * row + k % 2
+            io[t] = at
     else:
         for t in range(o.shape[0]):
-            o[t] = _max_2x2(ra, rb, t * step)[0]
+            o[t] = _max_2x2(ra, rb, t * step, 0, 0)[0]
 
 
 @pjit

@@ -44,7 +44,7 @@ from numba import prange
 
 from ..errors import StateError
 from ..kernels import activations as act
-from ..kernels import pjit
+from ..kernels import PARALLEL_MIN, jit, pjit
 from ..kernels.activations import LOGISTIC, TANH, _act, _grad
 from .base import Layer, State, fmt_shape, is_image, numel, register
 from .connected import ConnectedLayer
@@ -52,93 +52,145 @@ from .convolutional import ConvolutionalLayer, conv_out_size
 
 # -- kernels ---------------------------------------------------------------------------------------
 
+# Each kernel runs its row helper over the batch rows: in parallel from PARALLEL_MIN values (every
+# value costs an exp or a tanh), serially below, where waking the threads would cost more than the
+# row loop (a text model's step is a few rows of a few hundred units). The helpers are inlined:
+# they must hold no array expression, which would open a parallel region of its own.
+
+@jit(inline="always")
+def _gru_gates_row(z, r, fs, uz, wz, ur, wr, h, i):
+    for j in range(z.shape[1]):
+        z[i, j] = _act(uz[i, j] + wz[i, j], LOGISTIC)
+        r[i, j] = _act(ur[i, j] + wr[i, j], LOGISTIC)
+        fs[i, j] = r[i, j] * h[i, j]
+
 
 @pjit
 def gru_gates(z, r, fs, uz, wz, ur, wr, h):
     """All (b, n): z = σ(uz + wz), r = σ(ur + wr), fs = r·h (the reset state fed to Wh)."""
-    nb, n = z.shape
-    for i in prange(nb):
-        for j in range(n):
-            z[i, j] = _act(uz[i, j] + wz[i, j], LOGISTIC)
-            r[i, j] = _act(ur[i, j] + wr[i, j], LOGISTIC)
-            fs[i, j] = r[i, j] * h[i, j]
+    if z.size < PARALLEL_MIN:
+        for i in range(z.shape[0]):
+            _gru_gates_row(z, r, fs, uz, wz, ur, wr, h, i)
+    else:
+        for i in prange(z.shape[0]):
+            _gru_gates_row(z, r, fs, uz, wz, ur, wr, h, i)
+
+
+@jit(inline="always")
+def _gru_output_row(out, hc, uh, wh, z, h, a, i):
+    for j in range(out.shape[1]):
+        c = _act(uh[i, j] + wh[i, j], a)
+        hc[i, j] = c
+        out[i, j] = z[i, j] * h[i, j] + (1 - z[i, j]) * c
 
 
 @pjit
 def gru_output(out, hc, uh, wh, z, h, a):
     """All (b, n): hc = f(uh + wh) (f = activation code a), out = z·h + (1 − z)·hc."""
-    nb, n = out.shape
-    for i in prange(nb):
-        for j in range(n):
-            c = _act(uh[i, j] + wh[i, j], a)
-            hc[i, j] = c
-            out[i, j] = z[i, j] * h[i, j] + (1 - z[i, j]) * c
+    if out.size < PARALLEL_MIN:
+        for i in range(out.shape[0]):
+            _gru_output_row(out, hc, uh, wh, z, h, a, i)
+    else:
+        for i in prange(out.shape[0]):
+            _gru_output_row(out, hc, uh, wh, z, h, a, i)
+
+
+@jit(inline="always")
+def _gru_backward_out_row(dz, dhc, dh_prev, dh, h, hc, z, a, i):
+    for j in range(dz.shape[1]):
+        d = dh[i, j]
+        zz = z[i, j]
+        dz[i, j] = d * (h[i, j] - hc[i, j]) * zz * (1 - zz)
+        dhc[i, j] = d * (1 - zz) * _grad(hc[i, j], hc[i, j], a)
+        dh_prev[i, j] += d * zz
 
 
 @pjit
 def gru_backward_out(dz, dhc, dh_prev, dh, h, hc, z, a):
     """All (b, n). From dh (w.r.t. the step's output): dz and dhc w.r.t. the pre-activations of z and
     the candidate (written), and dh_prev += dh·z (the direct path to the previous state)."""
-    nb, n = dz.shape
-    for i in prange(nb):
-        for j in range(n):
-            d = dh[i, j]
-            zz = z[i, j]
-            dz[i, j] = d * (h[i, j] - hc[i, j]) * zz * (1 - zz)
-            dhc[i, j] = d * (1 - zz) * _grad(hc[i, j], hc[i, j], a)
-            dh_prev[i, j] += d * zz
+    if dz.size < PARALLEL_MIN:
+        for i in range(dz.shape[0]):
+            _gru_backward_out_row(dz, dhc, dh_prev, dh, h, hc, z, a, i)
+    else:
+        for i in prange(dz.shape[0]):
+            _gru_backward_out_row(dz, dhc, dh_prev, dh, h, hc, z, a, i)
+
+
+@jit(inline="always")
+def _gru_backward_reset_row(dr, dh_prev, dfs, h, r, i):
+    for j in range(dr.shape[1]):
+        rr = r[i, j]
+        dr[i, j] = dfs[i, j] * h[i, j] * rr * (1 - rr)
+        dh_prev[i, j] += dfs[i, j] * rr
 
 
 @pjit
 def gru_backward_reset(dr, dh_prev, dfs, h, r):
     """All (b, n). From dfs (w.r.t. fs = r·h): dr w.r.t. r's pre-activation (written), dh_prev += dfs·r."""
-    nb, n = dr.shape
-    for i in prange(nb):
-        for j in range(n):
-            rr = r[i, j]
-            dr[i, j] = dfs[i, j] * h[i, j] * rr * (1 - rr)
-            dh_prev[i, j] += dfs[i, j] * rr
+    if dr.size < PARALLEL_MIN:
+        for i in range(dr.shape[0]):
+            _gru_backward_reset_row(dr, dh_prev, dfs, h, r, i)
+    else:
+        for i in prange(dr.shape[0]):
+            _gru_backward_reset_row(dr, dh_prev, dfs, h, r, i)
+
+
+@jit(inline="always")
+def _lstm_step_row(f, i, g, o, c, h, wf, uf, wi, ui, wg, ug, wo, uo, c_prev, b):
+    for j in range(f.shape[1]):
+        ff = _act(wf[b, j] + uf[b, j], LOGISTIC)
+        ii = _act(wi[b, j] + ui[b, j], LOGISTIC)
+        gg = _act(wg[b, j] + ug[b, j], TANH)
+        oo = _act(wo[b, j] + uo[b, j], LOGISTIC)
+        cc = ff * c_prev[b, j] + ii * gg
+        f[b, j] = ff
+        i[b, j] = ii
+        g[b, j] = gg
+        o[b, j] = oo
+        c[b, j] = cc
+        h[b, j] = oo * _act(cc, TANH)
 
 
 @pjit
 def lstm_step(f, i, g, o, c, h, wf, uf, wi, ui, wg, ug, wo, uo, c_prev):
     """All (b, n). Gates from the W (state) and U (input) products, then c = f·c_prev + i·g and
     h = o·tanh(c)."""
-    nb, n = f.shape
-    for b in prange(nb):
-        for j in range(n):
-            ff = _act(wf[b, j] + uf[b, j], LOGISTIC)
-            ii = _act(wi[b, j] + ui[b, j], LOGISTIC)
-            gg = _act(wg[b, j] + ug[b, j], TANH)
-            oo = _act(wo[b, j] + uo[b, j], LOGISTIC)
-            cc = ff * c_prev[b, j] + ii * gg
-            f[b, j] = ff
-            i[b, j] = ii
-            g[b, j] = gg
-            o[b, j] = oo
-            c[b, j] = cc
-            h[b, j] = oo * _act(cc, TANH)
+    if f.size < PARALLEL_MIN:
+        for b in range(f.shape[0]):
+            _lstm_step_row(f, i, g, o, c, h, wf, uf, wi, ui, wg, ug, wo, uo, c_prev, b)
+    else:
+        for b in prange(f.shape[0]):
+            _lstm_step_row(f, i, g, o, c, h, wf, uf, wi, ui, wg, ug, wo, uo, c_prev, b)
+
+
+@jit(inline="always")
+def _lstm_backward_row(df, di, dg, do, dc, dh, f, i, g, o, c, c_prev, b):
+    for j in range(f.shape[1]):
+        tc = _act(c[b, j], TANH)
+        oo = o[b, j]
+        ii = i[b, j]
+        gg = g[b, j]
+        ff = f[b, j]
+        d = dh[b, j]
+        do[b, j] = d * tc * oo * (1 - oo)
+        dct = dc[b, j] + d * oo * (1 - tc * tc)
+        di[b, j] = dct * gg * ii * (1 - ii)
+        dg[b, j] = dct * ii * (1 - gg * gg)
+        df[b, j] = dct * c_prev[b, j] * ff * (1 - ff)
+        dc[b, j] = dct * ff
 
 
 @pjit
 def lstm_backward_step(df, di, dg, do, dc, dh, f, i, g, o, c, c_prev):
     """All (b, n). dh: w.r.t. the step's output h; dc: in, w.r.t. c from the next step; out, w.r.t.
     c_prev. df, di, dg, do receive the gradients w.r.t. the gates' pre-activations."""
-    nb, n = f.shape
-    for b in prange(nb):
-        for j in range(n):
-            tc = _act(c[b, j], TANH)
-            oo = o[b, j]
-            ii = i[b, j]
-            gg = g[b, j]
-            ff = f[b, j]
-            d = dh[b, j]
-            do[b, j] = d * tc * oo * (1 - oo)
-            dct = dc[b, j] + d * oo * (1 - tc * tc)
-            di[b, j] = dct * gg * ii * (1 - ii)
-            dg[b, j] = dct * ii * (1 - gg * gg)
-            df[b, j] = dct * c_prev[b, j] * ff * (1 - ff)
-            dc[b, j] = dct * ff
+    if f.size < PARALLEL_MIN:
+        for b in range(f.shape[0]):
+            _lstm_backward_row(df, di, dg, do, dc, dh, f, i, g, o, c, c_prev, b)
+    else:
+        for b in prange(f.shape[0]):
+            _lstm_backward_row(df, di, dg, do, dc, dh, f, i, g, o, c, c_prev, b)
 
 
 # -- inner layers, one time step at a time ---------------------------------------------------------

@@ -24,24 +24,48 @@ import numpy as np
 from numba import prange
 
 from ..kernels import activations as act
-from ..kernels import PARALLEL_MIN, jit, pjit
+from ..kernels import PARALLEL_MIN, PARALLEL_MIN_FLAT, jit, pjit
 from .base import Layer, Shape, State, fmt_shape, is_image, register
 from .route import shape_text
 
 
 # -- kernels -------------------------------------------------------------------------------------
+@jit(inline="always")
+def _add_plane(out, add, alpha, beta, stride, sample, minc, minh, minw, bk):
+    """(item, channel) pair bk = b·minc + k of `shortcut_add`."""
+    b = bk // minc
+    k = bk % minc
+    for j in range(minh):
+        for i in range(minw):
+            out[b, k, j * sample, i * sample] = (alpha * out[b, k, j * sample, i * sample]
+                                                 + beta * add[b, k, j * stride, i * stride])
+
+
 @pjit
 def shortcut_add(out, add, alpha, beta, stride, sample, minc, minh, minw):
     """out: (B, C2, H2, W2), the running output; add: (B, C1, H1, W1), a `from` map.
-    out[k, j*sample, i*sample] = alpha*out[..] + beta*add[k, j*stride, i*stride] over the overlap."""
+    out[k, j*sample, i*sample] = alpha*out[..] + beta*add[k, j*stride, i*stride] over the overlap.
+    Parallel over (item, channel) pairs, serial below PARALLEL_MIN values."""
     B = out.shape[0]
-    for bk in prange(B * minc):
-        b = bk // minc
-        k = bk % minc
-        for j in range(minh):
-            for i in range(minw):
-                out[b, k, j * sample, i * sample] = (alpha * out[b, k, j * sample, i * sample]
-                                                     + beta * add[b, k, j * stride, i * stride])
+    if B * minc * minh * minw < PARALLEL_MIN:
+        for bk in range(B * minc):
+            _add_plane(out, add, alpha, beta, stride, sample, minc, minh, minw, bk)
+    else:
+        for bk in prange(B * minc):
+            _add_plane(out, add, alpha, beta, stride, sample, minc, minh, minw, bk)
+
+
+@jit(inline="always")
+def _backward_plane(prev_delta, from_delta, d, alpha1, beta, stride, sample, minc, minh, minw, bk):
+    """(item, channel) pair bk = b·minc + k of `shortcut_backward`."""
+    b = bk // minc
+    k = bk % minc
+    for j in range(minh):
+        for i in range(minw):
+            g = d[b, k, j * sample, i * sample]
+            if alpha1 != 0:
+                prev_delta[b, k, j * sample, i * sample] += alpha1 * g
+            from_delta[b, k, j * stride, i * stride] += beta * g
 
 
 @pjit
@@ -49,17 +73,15 @@ def shortcut_backward(prev_delta, from_delta, d, alpha1, beta, stride, sample, m
     """prev_delta, d: (B, C2, H2, W2); from_delta: (B, C1, H1, W1). Over the overlap only:
     prev_delta += alpha1 * d (alpha1 = alpha - 1: the caller has added d everywhere already);
     from_delta[k, j*stride, i*stride] += beta * d[k, j*sample, i*sample]. prev_delta and from_delta
-    may be the same array (from=-1): an item/channel pair stays on one thread."""
+    may be the same array (from=-1): an item/channel pair stays on one thread. Serial below
+    PARALLEL_MIN values."""
     B = d.shape[0]
-    for bk in prange(B * minc):
-        b = bk // minc
-        k = bk % minc
-        for j in range(minh):
-            for i in range(minw):
-                g = d[b, k, j * sample, i * sample]
-                if alpha1 != 0:
-                    prev_delta[b, k, j * sample, i * sample] += alpha1 * g
-                from_delta[b, k, j * stride, i * stride] += beta * g
+    if B * minc * minh * minw < PARALLEL_MIN:
+        for bk in range(B * minc):
+            _backward_plane(prev_delta, from_delta, d, alpha1, beta, stride, sample, minc, minh, minw, bk)
+    else:
+        for bk in prange(B * minc):
+            _backward_plane(prev_delta, from_delta, d, alpha1, beta, stride, sample, minc, minh, minw, bk)
 
 
 @jit
@@ -86,10 +108,10 @@ def shortcut_add_act(out, pre, prev, add, alpha, beta, a, keep_pre):
     """out, prev, add: (n,), the whole batch flat, all of one shape; pre: (n,) receives the
     pre-activation when keep_pre, else any array; alpha, beta: scalars of the arrays' dtype.
     out = act(alpha*prev + beta*add): the common shortcut (one `from`, same shape) as ONE pass over
-    memory instead of a copy, an add and an activation. Serial below PARALLEL_MIN values, else
-    parallel over spans."""
+    memory instead of a copy, an add and an activation. Serial below `act.parallel_min` values
+    (PARALLEL_MIN_FLAT for the cheap activations), else parallel over spans."""
     n = out.shape[0]
-    if n < PARALLEL_MIN:
+    if n < act.parallel_min(a, PARALLEL_MIN_FLAT):
         _add_act_span(out, pre, prev, add, alpha, beta, a, keep_pre)
         return
     B = act.BLOCK
@@ -110,10 +132,11 @@ def _add_flat_item(out, add, alpha, beta, n, bk, nblk):
 @pjit
 def shortcut_add_flat(out, add, alpha, beta, n):
     """out: (B, N2), add: (B, N1), items flat: out[:n] = alpha*out[:n] + beta*add[:n] (flat vectors
-    or a channel prefix, with no resampling). Parallel over (item, span) pairs."""
+    or a channel prefix, with no resampling). Parallel over (item, span) pairs, serial below
+    PARALLEL_MIN_FLAT values."""
     B = out.shape[0]
     nblk = (n + act.BLOCK - 1) // act.BLOCK
-    if B * n < PARALLEL_MIN:
+    if B * n < PARALLEL_MIN_FLAT:
         for bk in range(B * nblk):
             _add_flat_item(out, add, alpha, beta, n, bk, nblk)
     else:
@@ -121,17 +144,27 @@ def shortcut_add_flat(out, add, alpha, beta, n):
             _add_flat_item(out, add, alpha, beta, n, bk, nblk)
 
 
+@jit
+def _backward_flat_item(prev_delta, from_delta, d, alpha1, beta, n, b):
+    for i in range(n):
+        g = d[b, i]
+        if alpha1 != 0:
+            prev_delta[b, i] += alpha1 * g
+        from_delta[b, i] += beta * g
+
+
 @pjit
 def shortcut_backward_flat(prev_delta, from_delta, d, alpha1, beta, n):
     """As `shortcut_backward` for the flat case: prev_delta[:n] += alpha1*d[:n];
-    from_delta[:n] += beta*d[:n]. All (B, N) with items flat."""
+    from_delta[:n] += beta*d[:n]. All (B, N) with items flat. Parallel over items, serial below
+    PARALLEL_MIN_FLAT values."""
     B = d.shape[0]
-    for b in prange(B):
-        for i in range(n):
-            g = d[b, i]
-            if alpha1 != 0:
-                prev_delta[b, i] += alpha1 * g
-            from_delta[b, i] += beta * g
+    if B * n < PARALLEL_MIN_FLAT:
+        for b in range(B):
+            _backward_flat_item(prev_delta, from_delta, d, alpha1, beta, n, b)
+    else:
+        for b in prange(B):
+            _backward_flat_item(prev_delta, from_delta, d, alpha1, beta, n, b)
 
 
 # -- geometry --------------------------------------------------------------------------------------
