@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from .. import blas
 from ..kernels import activations as act
 from ..kernels import bn as bnk
 from ..kernels import direct as dk
@@ -349,12 +350,12 @@ class ConvolutionalLayer(Layer):
             col = self._columns(x[items, cin])
             yg = y[items, fout]
             if not self.wide:
-                np.matmul(wmat[j], col, out=yg)
+                blas.matmul(wmat[j], col, out=yg)
             elif yg.shape[0] == 1:
-                np.matmul(wmat[j], col, out=yg[0])
+                blas.matmul(wmat[j], col, out=yg[0])
             else:
                 out = self._rows(yg.shape[0])
-                np.matmul(wmat[j], col, out=out)
+                blas.matmul(wmat[j], col, out=out)
                 ic.rows_to_items(yg, out.reshape(out.shape[0], yg.shape[0], -1))
         if s.train:
             self.allocate_training()         # a no-op once they exist (the network sizes them)
@@ -372,7 +373,7 @@ class ConvolutionalLayer(Layer):
         wg.filters(u, w)
         for items, v, m in self._winograd_chunks(c, n, y.shape[2:], kept=keep):
             wg.inputs(v, x[items], pad)
-            np.matmul(u, v, out=m)          # the 16 GEMMs in one call (numpy loops over ξ)
+            blas.matmul(u, v, out=m)          # the 16 GEMMs in one call (numpy loops over ξ)
             wg.outputs(y[items], m, add)
 
     def _chunk_tiles(self, out_hw: tuple):
@@ -404,7 +405,7 @@ class ConvolutionalLayer(Layer):
             if not self._v_kept:
                 wg.inputs(v, x[items], self.padding)
             wg.outputs_adjoint(dm, dy[items])
-            np.matmul(dm, v.transpose(0, 2, 1), out=du)
+            blas.matmul(dm, v.transpose(0, 2, 1), out=du)
             wg.filters_adjoint_add(self.weights.grad, du)
 
     def backward(self, s: State) -> None:
@@ -441,12 +442,12 @@ class ConvolutionalLayer(Layer):
                 ic.im2col_wide(dm.reshape(-1, nb, cols), dg.reshape(nb, -1, oh, ow), 1, 1, 1, 0, 1,
                                oh, ow)
             col = self._columns(x[items, cin])
-            np.matmul(dm, col.T, out=self.wgrad_tmp)
+            blas.matmul(dm, col.T, out=self.wgrad_tmp)
             wgrad[j] += self.wgrad_tmp
             if prev is None:
                 continue
             dcol = ic.get((rows, nb * cols), self.dtype)     # the columns are used up: reuse them
-            np.matmul(wmat[j].T, dm, out=dcol)
+            blas.matmul(wmat[j].T, dm, out=dcol)
             ic.col2im_wide_add(prev[items, cin], dcol.reshape(rows, nb, cols), self.size,
                                self.stride_y, self.stride_x, self.padding * self.dilation,
                                self.dilation, oh, ow)
@@ -464,7 +465,7 @@ class ConvolutionalLayer(Layer):
         nb = dg.shape[0]
         col = self._columns(xg)
         tmp = self.wgrad_tmp[:nb]
-        np.matmul(dg, col.transpose(0, 2, 1), out=tmp)
+        blas.matmul(dg, col.transpose(0, 2, 1), out=tmp)
         for i in range(nb):
             wgrad += tmp[i]
         if pg is not None:
@@ -475,7 +476,7 @@ class ConvolutionalLayer(Layer):
         _, oh, ow = self.out_shape
         nb = dg.shape[0]
         dcol = ic.get((nb, *self.col_shape), self.dtype)
-        np.matmul(w.T, dg, out=dcol)
+        blas.matmul(w.T, dg, out=dcol)
         if self.is_gemm_only:
             pg += dcol.reshape(pg.shape)
         else:
