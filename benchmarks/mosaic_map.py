@@ -166,7 +166,8 @@ def run_one(a) -> None:
     print(json.dumps({"mosaic": a.mosaic, "tag": a.tag, "edits": edits, "size": a.size, "images": a.images,
                       "iterations": n, "seed": a.seed,
                       "valid_images": len(run.paths), "map50": dk.map_all, "coco_ap": coco.coco["AP"],
-                      "coco_ap50": coco.coco["AP50"], "train_s": round(took, 1)}))
+                      "coco_ap50": coco.coco["AP50"], "coco_ap_small": coco.coco["APs"],
+                      "train_s": round(took, 1)}))
 
 
 if __name__ == "__main__":
