@@ -3,8 +3,11 @@ without `mosaic=1 mosaic_bound=1` from the same images, and per arm the boxes pe
 smallest side in pixels, how much of each mosaic box survives its quadrant, and how well
 cfg/shapes-tiny.cfg's anchors fit them (the best anchor's IoU, boxes and anchors centred together).
 
-    python benchmarks/mosaic_boxes.py --data /tmp/mosaic/shapes128 --samples 2000
+    python benchmarks/mosaic_boxes.py --data /tmp/mosaic/shapes128 --samples 2000 [--anchors 6]
 
+`--anchors N`: per arm, N anchors by `darkpy anchors`' k-means (1 - IoU, k-means++ seed 0, best of 10)
+over the boxes that arm feeds the net, rounded to whole pixels, with their average IoU: the anchors
+for what mosaic trains on, where `darkpy anchors` clusters the label files.
 `--data` is a dataset folder written by benchmarks/mosaic_map.py (its train.list is read).
 """
 from __future__ import annotations
@@ -22,6 +25,7 @@ def main() -> None:
     p.add_argument("--data", required=True)
     p.add_argument("--samples", type=int, default=2000)
     p.add_argument("--size", type=int, default=128)
+    p.add_argument("--anchors", type=int, default=0, help="k-means this many anchors on each arm's boxes")
     a = p.parse_args()
 
     import darkpy.augment as augment
@@ -51,7 +55,7 @@ def main() -> None:
     s = a.size
     for name, opt in (("plain", AugmentOptions()), ("mosaic", AugmentOptions(mosaic=True, mosaic_bound=True))):
         kept.clear()
-        n_boxes, sides, ious, mosaics, only = [], [], [], 0, []
+        n_boxes, sides, ious, mosaics, only, wh = [], [], [], 0, [], []
         for k in range(a.samples):
             before = len(kept)
             if opt.active:
@@ -64,6 +68,7 @@ def main() -> None:
             n_boxes.append(len(boxes))
             bw, bh = boxes[:, 2] * s, boxes[:, 3] * s
             sides.extend(np.minimum(bw, bh).tolist())
+            wh.append(np.stack([bw, bh], axis=1))
             if is_mosaic:
                 only.append((len(boxes), np.minimum(bw, bh)))
             inter = np.minimum(bw[:, None], ANCHORS) * np.minimum(bh[:, None], ANCHORS)
@@ -80,6 +85,15 @@ def main() -> None:
             line += (f"; the mosaics alone: boxes/image {np.mean([n for n, _ in only]):.2f}, "
                      f"min side median {np.median(ms):.1f} px, <6 px {np.mean(ms < 6):.1%}")
         print(line, flush=True)
+        if a.anchors:
+            from darkpy.anchors import average_iou, kmeans_iou
+            boxes = np.concatenate(wh).astype(np.float64)
+            c = np.maximum(np.round(kmeans_iou(boxes, a.anchors, 0, 10)), 1)
+            c = c[np.argsort(c[:, 0] * c[:, 1], kind="mergesort")]
+            text = ", ".join(f"{int(w)},{int(h)}" for w, h in c)
+            print(f"{name:6s} {a.anchors} anchors on its {len(boxes)} boxes: {text} (avg IoU "
+                  f"{average_iou(boxes, c):.3f}; cfg's {average_iou(boxes, np.stack([ANCHORS, ANCHORS], 1)):.3f})",
+                  flush=True)
 
 
 if __name__ == "__main__":

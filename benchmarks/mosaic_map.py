@@ -10,11 +10,18 @@ Both arms over several seeds, as parallel subprocesses (the figures in the READM
     python benchmarks/mosaic_map.py --out /tmp/mosaic --size 128 --images 3000 --iterations 1500 \\
         --threads 1 --compare --seeds 1,2 --jobs 4
 
+Variants: `--edit SECTION.KEY=VALUE` (repeatable) edits the cfg of both arms, `--mosaic-edit` the
+mosaic arm's only; SECTION is `net`, `yolo` (every [yolo] head) or a section index. `--tag NAME`
+keeps a variant's runs apart (<out>/<NAME>-<arm>-s<seed>), `--arms` picks the arms `--compare` runs:
+
+    python benchmarks/mosaic_map.py --out /tmp/mosaic --iterations 1500 --threads 1 --compare \\
+        --seeds 1,2 --jobs 1 --tag close --arms mosaic --mosaic-edit net.mosaic_off=1125
+
 Generates the dataset (once per --out), edits a copy of the cfg (size, schedule, mosaic), trains
 with the seed, and prints one JSON line per run: the settings, mAP@0.5 (darknet rules, all-point) and
 COCO's AP@[.5:.95] on the held-out images, and the training time. `--compare` runs every (arm, seed)
 with the same data, schedule and seeds, then prints each arm's runs and mean. A run's folder is
-<out>/<plain|mosaic>-s<seed>.
+<out>/[<tag>-]<plain|mosaic>-s<seed>.
 """
 from __future__ import annotations
 
@@ -39,6 +46,12 @@ def main() -> None:
     p.add_argument("--compare", action="store_true", help="both arms, every seed of --seeds")
     p.add_argument("--seeds", default="1", help="with --compare: comma-separated seeds")
     p.add_argument("--jobs", type=int, default=2, help="with --compare: runs at a time")
+    p.add_argument("--arms", default="plain,mosaic", help="with --compare: the arms to run")
+    p.add_argument("--edit", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="cfg edit for both arms (repeatable; SECTION: net, yolo or an index)")
+    p.add_argument("--mosaic-edit", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="cfg edit for the mosaic arm only (repeatable)")
+    p.add_argument("--tag", default="", help="a variant's name: runs go to <out>/<tag>-<arm>-s<seed>")
     a = p.parse_args()
     if a.compare:
         compare(a)
@@ -64,13 +77,16 @@ def compare(a) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     _dataset(Path(a.out), a.images, a.size)          # once, before the runs share it
-    runs = [(arm, int(seed)) for seed in a.seeds.split(",") for arm in ("plain", "mosaic")]
+    arms = [arm for arm in ("plain", "mosaic") if arm in a.arms.split(",")]
+    runs = [(arm, int(seed)) for seed in a.seeds.split(",") for arm in arms]
 
     def one(run):
         arm, seed = run
         cmd = [sys.executable, __file__, "--out", a.out, "--size", str(a.size), "--images", str(a.images),
                "--iterations", str(a.iterations), "--threads", str(a.threads), "--seed", str(seed)]
         cmd += ["--mosaic"] if arm == "mosaic" else []
+        cmd += ["--tag", a.tag] if a.tag else []
+        cmd += [f"--edit={e}" for e in a.edit] + [f"--mosaic-edit={e}" for e in a.mosaic_edit]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if done.returncode:
@@ -81,12 +97,26 @@ def compare(a) -> None:
 
     with ThreadPoolExecutor(max(a.jobs, 1)) as pool:
         results = list(pool.map(one, runs))
-    for arm in ("plain", "mosaic"):
+    for arm in arms:
         rs = [r for r in results if r["mosaic"] == (arm == "mosaic")]
         m50 = sum(r["map50"] for r in rs) / len(rs)
         ap = sum(r["coco_ap"] for r in rs) / len(rs)
         seeds = ", ".join(f"s{r['seed']} {r['map50']:.4f}/{r['coco_ap']:.4f}" for r in rs)
         print(f"{arm:7s} mAP@0.5 mean {m50:.4f}, COCO AP mean {ap:.4f}  ({seeds})")
+
+
+def _apply_edit(doc, edit: str) -> None:
+    """`SECTION.KEY=VALUE` on the cfg document; SECTION `yolo` edits every [yolo] head."""
+    path, sep, value = edit.partition("=")
+    section, dot, key = path.partition(".")
+    if not sep or not dot:
+        raise SystemExit(f"--edit {edit!r}: expected SECTION.KEY=VALUE")
+    if section == "yolo":
+        heads = [i for i, sec in enumerate(doc.layers) if sec.kind == "yolo"]
+        for i in heads:
+            doc.set(f"{i}.{key}", value)
+    else:
+        doc.set(path, value)
 
 
 def run_one(a) -> None:
@@ -99,8 +129,8 @@ def run_one(a) -> None:
 
     out = Path(a.out)
     shapes = _dataset(out, a.images, a.size)
-    tag = "mosaic" if a.mosaic else "plain"
-    run_dir = out / f"{tag}-s{a.seed}"
+    arm = "mosaic" if a.mosaic else "plain"
+    run_dir = out / f"{a.tag + '-' if a.tag else ''}{arm}-s{a.seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     data = run_dir / "shapes.data"
     data.write_text(f"classes=4\ntrain={shapes / 'train.list'}\nvalid={shapes / 'valid.list'}\n"
@@ -119,6 +149,9 @@ def run_one(a) -> None:
     if a.mosaic:
         doc.set("net.mosaic", "1")
         doc.set("net.mosaic_bound", "1")
+    edits = a.edit + (a.mosaic_edit if a.mosaic else [])
+    for edit in edits:
+        _apply_edit(doc, edit)
     cfg = run_dir / "shapes-tiny.cfg"
     doc.write(cfg)
     settings = Settings(threads=a.threads)
@@ -130,9 +163,11 @@ def run_one(a) -> None:
     run = run_valid(net, data)
     dk = map_of_run(run, 0.5, metric="darknet")
     coco = map_of_run(run, metric="coco")
-    print(json.dumps({"mosaic": a.mosaic, "size": a.size, "images": a.images, "iterations": n, "seed": a.seed,
+    print(json.dumps({"mosaic": a.mosaic, "tag": a.tag, "edits": edits, "size": a.size, "images": a.images,
+                      "iterations": n, "seed": a.seed,
                       "valid_images": len(run.paths), "map50": dk.map_all, "coco_ap": coco.coco["AP"],
-                      "coco_ap50": coco.coco["AP50"], "train_s": round(took, 1)}))
+                      "coco_ap50": coco.coco["AP50"], "coco_ap_small": coco.coco["APs"],
+                      "train_s": round(took, 1)}))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ function of (seed, k). Boxes are [x, y, w, h, class] relative to the net input a
   they are clipped to the input only, as the fork does (a box may reach into a neighbour quadrant).
   darkpy drops a box with no visible pixel in its quadrant (the fork can keep it) and, as the fork,
   boxes under a pixel wide or high.
+  `mosaic_off=n` (darkpy's own key; Darknet ignores it): from training iteration n on (0-based, the
+  count of updates done, as `steps=` counts) no image is a mosaic, the "close mosaic" of YOLOX and
+  YOLOv5-v8; the other augmentations stay. Loads that name no iteration (previews) use the cfg's.
 - `mixup=1`: the fork's `mixup`: the item and another are blended 50/50 with p = 1/2 per item and
   both box lists kept (the fork draws once per load). With `mosaic=1` too, an item that is not a
   mosaic is a mixup with p = 1/2 (darkpy's own: the fork's parser keeps only mosaic then).
@@ -31,7 +34,7 @@ function of (seed, k). Boxes are [x, y, w, h, class] relative to the net input a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -49,6 +52,7 @@ class AugmentOptions:
     blur: int = 0
     gaussian_noise: int = 0
     letter_box: bool = False
+    mosaic_off: int = 0           # darkpy: no mosaic from this training iteration on (0: never)
 
     @classmethod
     def from_net(cls, net_cfg) -> "AugmentOptions":
@@ -57,7 +61,13 @@ class AugmentOptions:
             return default if v is None else v
 
         return cls(bool(get("mosaic")), bool(get("mosaic_bound")), bool(get("mixup")), bool(get("cutmix")),
-                   int(get("blur")), int(get("gaussian_noise")), bool(get("letter_box")))
+                   int(get("blur")), int(get("gaussian_noise")), bool(get("letter_box")), int(get("mosaic_off")))
+
+    def at(self, iteration: int | None) -> "AugmentOptions":
+        """The options training iteration `iteration` uses: without mosaic from `mosaic_off` on."""
+        if self.mosaic and self.mosaic_off and iteration is not None and iteration >= self.mosaic_off:
+            return replace(self, mosaic=False)
+        return self
 
     @property
     def active(self) -> bool:

@@ -572,20 +572,23 @@ class DetectionData:
             f.writelines(line + "\n" for line in self.bad_labels)
         return len(self.bad_labels)
 
-    def load(self, indices: Iterable[int], rng: np.random.Generator, w: int, h: int) -> tuple[np.ndarray, np.ndarray]:
+    def load(self, indices: Iterable[int], rng: np.random.Generator, w: int, h: int,
+             iteration: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Images `indices` as x float32 (n, 3, h, w) and truth float32 (n, max_boxes·5): rows of
         [x, y, w, h, class], zero-padded (a yolo layer stops at the first x == 0). `rng`: a
-        generator, or one per image."""
+        generator, or one per image. `iteration`: the training iteration the batch is for (it turns
+        mosaic off from `mosaic_off` on); None: the cfg's augmentation as written."""
         indices = list(indices)
+        options = self.options.at(iteration)
         x = np.empty((len(indices), 3, h, w), np.float32)
         truth = np.zeros((len(indices), self.max_boxes * 5), np.float32)
         rngs = _per_image(rng, len(indices)) if self.augment else None
         for i, k in enumerate(indices):
             img = self._cache.get(k, self.paths[k], 3)
             boxes = self.boxes(k)
-            if self.augment and self.options.active:
+            if self.augment and options.active:
                 from .augment import augmented_sample
-                x[i], packed = augmented_sample(self, k, rngs[i], w, h, self.options)
+                x[i], packed = augmented_sample(self, k, rngs[i], w, h, options)
             elif self.augment:
                 x[i], packed = self._augment(img, boxes, rngs[i], w, h)
             else:

@@ -22,7 +22,7 @@ badlabels_rejection_percentage num_sigmas_reject_badlabels ema_alpha use_cuda_gr
 dynamic_minibatch optimized_memory workspace_size_limit_MB flip blur gaussian_noise mixup cutmix mosaic
 letter_box mosaic_bound contrastive contrastive_jit_flip contrastive_color unsupervised label_smooth_eps
 resize_step attention adversarial_lr max_chart_loss show_receptive_field max_epochs
-adamw weight_decay clip_norm warmup
+adamw weight_decay clip_norm warmup mosaic_off
 """.split())
 
 
@@ -79,6 +79,7 @@ class NetConfig:
     blur: int = 0
     gaussian_noise: int = 0
     letter_box: int = 0
+    mosaic_off: int = 0               # darkpy: mosaic stops at this iteration (0: never); Darknet ignores it
     seen: int = 0
     # darkpy (optim.py): AdamW, global-norm gradient clipping, linear warm-up
     adamw: bool = False
@@ -102,7 +103,7 @@ class NetConfig:
         for key in ("batch", "subdivisions", "time_steps", "width", "height", "channels", "inputs",
                     "burn_in", "step", "max_batches", "max_crop", "min_crop", "center", "random",
                     "sgdr_cycle", "sgdr_mult", "flip", "warmup", "mosaic", "mosaic_bound", "mixup", "cutmix",
-                    "blur", "gaussian_noise", "letter_box"):
+                    "blur", "gaussian_noise", "letter_box", "mosaic_off"):
             setattr(c, key, sec.get_int(key, getattr(c, key)))
         for key in ("learning_rate", "momentum", "decay", "power", "scale", "gamma", "B1", "B2", "eps",
                     "angle", "aspect", "saturation", "exposure", "hue", "clip", "learning_rate_min",
@@ -114,6 +115,11 @@ class NetConfig:
         for key, lo in (("batch", 1), ("subdivisions", 1), ("time_steps", 1)):
             if getattr(c, key) < lo:
                 raise sec.error(f"must be >= {lo} (got {getattr(c, key)})", key)
+        if c.mosaic_off < 0:
+            raise sec.error(f"must be >= 0 (the iteration mosaic stops at; 0: never), got {c.mosaic_off}",
+                            "mosaic_off")
+        if c.mosaic_off and not c.mosaic:
+            sec.warn("mosaic_off without mosaic=1 changes nothing", "mosaic_off")
         if c.batch % c.subdivisions:
             sec.warn(f"batch={c.batch} is not a multiple of subdivisions={c.subdivisions}; "
                      f"each pass uses {c.batch // c.subdivisions or 1} images", "subdivisions")

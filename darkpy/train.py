@@ -238,7 +238,10 @@ class TrainSetup:
         function of k, so prefetching changes nothing."""
         bw, bh = self.input_size(k)
         idx = self.plan.indices(k)[self.shard.start:self.shard.stop]
-        return self.dataset.load(idx, image_rngs(self.seed, k, self.shard), bw, bh)
+        rngs = image_rngs(self.seed, k, self.shard)
+        if hasattr(self.dataset, "options"):         # a detector's: augmentation by iteration (mosaic_off)
+            return self.dataset.load(idx, rngs, bw, bh, iteration=k)
+        return self.dataset.load(idx, rngs, bw, bh)
 
 
 def prepare_training(cfg, data, weights, clear, seed, max_batches, backup, settings: Settings,

@@ -233,3 +233,69 @@ def test_training_with_mosaic_mixup_runs(red_boxes, tmp_path):
                    "classes=1\nnum=2\n")
     r = train(str(cfg), data=str(data), max_batches=3, backup=str(tmp_path / "b"), settings=Settings(), evaluate=False)
     assert r.loss is not None and np.isfinite(r.loss)
+
+
+MOSAIC_OFF_CFG = ("[net]\nbatch=8\nwidth=32\nheight=32\nchannels=3\nlearning_rate=0.001\nmax_batches=5\n"
+                  "mosaic=1\nmosaic_bound=1\nmosaic_off=3\n\n[convolutional]\nfilters=12\nsize=1\nstride=4\n"
+                  "activation=linear\n\n[yolo]\nmask=0,1\nanchors=8,8,16,16\nclasses=1\nnum=2\n")
+
+
+def test_mosaic_off_stops_mosaic_at_that_iteration(red_boxes, tmp_path, monkeypatch):
+    """`mosaic_off=3` (darkpy's close-mosaic key): the trainer's batches 0-2 hold mosaics, batches 3
+    and 4 none (nor batch 5, which the loader may prefetch). Loads may overlap (the first batch and
+    the prefetch): each thread's mosaics are counted to the batch it is loading."""
+    import threading
+
+    import darkpy.augment as augment
+    from darkpy.datasets import DetectionData
+    from darkpy.settings import Settings
+    from darkpy.train import train
+    root, _ = red_boxes
+    data = tmp_path / "r.data"
+    data.write_text(f"classes=1\ntrain={root / 'train.txt'}\n")
+    cfg = tmp_path / "r.cfg"
+    cfg.write_text(MOSAIC_OFF_CFG)
+    mosaics: dict[int, int] = {}
+    current = threading.local()
+    real_load, real_mosaic = DetectionData.load, augment.mosaic
+
+    def load(self, indices, rng, w, h, iteration=None):
+        current.k = iteration
+        mosaics.setdefault(iteration, 0)
+        return real_load(self, indices, rng, w, h, iteration=iteration)
+
+    def mosaic(*a):
+        mosaics[current.k] += 1
+        return real_mosaic(*a)
+
+    monkeypatch.setattr(DetectionData, "load", load)
+    monkeypatch.setattr(augment, "mosaic", mosaic)
+    train(str(cfg), data=str(data), max_batches=5, backup=str(tmp_path / "b"), settings=Settings(), evaluate=False)
+    assert set(mosaics) >= {0, 1, 2, 3, 4}
+    assert all(mosaics[k] > 0 for k in (0, 1, 2)), mosaics
+    assert all(n == 0 for k, n in mosaics.items() if k >= 3), mosaics
+
+
+def test_mosaic_off_options_by_iteration():
+    opt = AugmentOptions(mosaic=True, mosaic_bound=True, mixup=True, mosaic_off=100)
+    assert opt.at(99) is opt and opt.at(None) is opt
+    late = opt.at(100)
+    assert not late.mosaic and late.mixup and late.mosaic_bound and late.active
+    assert AugmentOptions(mosaic=True).at(10 ** 6).mosaic          # 0: mosaic to the end
+
+
+def test_mosaic_off_bad_value_names_file_and_line(tmp_path):
+    import warnings
+
+    from darkpy.cfg import CfgError, CfgWarning
+    from darkpy.network import load_network
+    cfg = tmp_path / "r.cfg"
+    cfg.write_text(MOSAIC_OFF_CFG.replace("mosaic_off=3", "mosaic_off=-1"))
+    with pytest.raises(CfgError) as e:
+        load_network(cfg)
+    assert str(e.value).startswith(f"{cfg}:10 [net] mosaic_off: must be >= 0") and "\n" not in str(e.value)
+    cfg.write_text(MOSAIC_OFF_CFG.replace("mosaic=1\n", "mosaic=0\n"))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        load_network(cfg)
+    assert any(issubclass(x.category, CfgWarning) and "mosaic_off without mosaic=1" in str(x.message) for x in w)

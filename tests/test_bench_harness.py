@@ -162,3 +162,20 @@ def test_one_worker_at_a_time_and_each_sample_in_its_own_process(monkeypatch, tm
 def test_busy_fraction_reads_the_machine():
     busy = environment.busy_fraction(0.05)
     assert busy is None or 0.0 <= busy <= 1.0
+
+
+def test_mosaic_map_edits_reach_the_cfg_sections():
+    """benchmarks/mosaic_map.py's --edit: `yolo.KEY` edits every [yolo] head, `net.KEY` the [net]
+    section; a malformed edit stops the run with a message."""
+    from pathlib import Path
+
+    from benchmarks.mosaic_map import _apply_edit
+    from darkpy.cfg import load_cfg
+    doc = load_cfg(Path(__file__).resolve().parents[1] / "cfg" / "shapes-tiny.cfg")
+    _apply_edit(doc, "yolo.iou_thresh=0.213")
+    _apply_edit(doc, "net.mosaic_off=1125")
+    heads = [s for s in doc.layers if s.kind == "yolo"]
+    assert len(heads) == 2 and all(s.get_float("iou_thresh", 1.0) == pytest.approx(0.213) for s in heads)
+    assert doc.net.get_int("mosaic_off", 0) == 1125
+    with pytest.raises(SystemExit, match="SECTION.KEY=VALUE"):
+        _apply_edit(doc, "iou_thresh=0.2")
