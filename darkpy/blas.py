@@ -21,12 +21,14 @@ import itertools
 
 import numpy as np
 
-#: Multiply-adds (m·n·k) from which a GEMM runs on the run's BLAS threads instead of one: about
-#: 1 ms on one core of the benchmark machine (128x1152x1024, 151M, took 1.9-2.0 ms), so a
-#: worker's wake-up delay under load (measured 3-8 ms per 2-thread GEMM of 2-17M multiply-adds
-#: at load ~3.5) costs at most a few times the GEMM, while on an idle machine the second thread
-#: still halves the large GEMMs that dominate cifar/darknet19 training.
-BLAS_PARALLEL_MIN_MACS = 1 << 27
+#: Multiply-adds (m·n·k) from which a GEMM runs on the run's BLAS threads instead of one. On a busy
+#: machine a woken worker waits behind other processes (measured 3-8 ms per 2-thread GEMM of 2-17M
+#: multiply-adds at load ~3.5), so the smaller the better there; on a quiet 2-core machine (the
+#: benchmark's), alternating thresholds step by step in one process at 2 threads, 2^22 against
+#: OpenBLAS's own rule (2^18): shapes-tiny training b32 0.88-0.91x the time, digits training b32
+#: 1.04x, b1/b64 inference of shapes-tiny, yolov3-tiny and cifar 0.99-1.03x; 2^27 was 1.15x at b1
+#: on shapes-tiny and yolov3-tiny and 1.25x on cifar b64 (its 2-17M GEMMs lost their second thread).
+BLAS_PARALLEL_MIN_MACS = 1 << 22
 #: OpenBLAS runs GEMMs up to this many multiply-adds on one thread by itself (its interface/gemm.c,
 #: SMP_THRESHOLD_MIN 65536 x GEMM_MULTITHREAD_THRESHOLD 4): no switch needed (a switch pair costs
 #: ~1.7 µs from Python, a 64x128x64 GEMM 7.5 µs).
