@@ -42,7 +42,7 @@ def test_matmul_equals_numpy_and_restores_the_run_count(m, k, n):
         stacked = blas.matmul(np.stack([a, a]), b)
         assert np.array_equal(stacked[0], stacked[1])
         if _openblas_threads():
-            assert _openblas_threads() == [2]
+            assert set(_openblas_threads()) == {2}      # (torch, when installed, brings its own)
 
 
 def test_unconfigured_is_plain_matmul(monkeypatch):
