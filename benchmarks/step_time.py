@@ -21,7 +21,6 @@ import argparse
 import os
 import sys
 import time
-import warnings
 
 from darkpy.process import set_command_environment
 
@@ -40,35 +39,16 @@ def main(argv=None) -> None:
     ap.add_argument("--wall", action="store_true", help="wall time even with one thread")
     args = ap.parse_args(argv)
 
-    from darkpy.cfg import CfgWarning, load_cfg
-    from darkpy.network import Network
     from darkpy.runtime import configure_threads
 
-    from .engine import random_truth, sane_weights
+    from .layer_time import build
     from .run import SUITE
 
-    spec = {s.name: s for s in SUITE}.get(args.network)
-    if spec is None:
+    if args.network not in {s.name for s in SUITE}:
         sys.exit(f"unknown network {args.network!r}; one of: {', '.join(s.name for s in SUITE)}")
     configure_threads(args.threads)
     clock = time.process_time if args.threads == 1 and not args.wall else time.perf_counter
-    doc = load_cfg(spec.cfg)
-    if spec.size:
-        doc.set("net.width", str(spec.size))
-        doc.set("net.height", str(spec.size))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CfgWarning)
-        net = Network(doc, batch=args.batch)
-    sane_weights(net.layers)
-    rng = np.random.default_rng(0)
-    x = rng.random((args.batch, *net.input_shape), dtype=np.float32)
-    yolos = [l for l in net.layers if l.kind == "yolo"]
-    if yolos:
-        truth = random_truth(rng, args.batch, {"max_boxes": max(l.max_boxes for l in yolos),
-                                               "classes": yolos[0].classes})
-    else:
-        truth = np.zeros((args.batch, net.truths), np.float32)
-        truth[np.arange(args.batch), rng.integers(0, net.truths, args.batch)] = 1
+    net, x, truth = build(args.network, args.batch)
     train = args.mode == "train"
 
     def step():
