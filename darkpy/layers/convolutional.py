@@ -233,6 +233,7 @@ class ConvolutionalLayer(Layer):
         self.xnorm = np.zeros((0,), self.dtype)
         self.vkeep = np.zeros((0,), self.dtype)
         self._v_kept = False
+        self._vkeep_values = 0                  # V of the whole batch, when it fits the budget
         rows, cols = self.col_shape
         ng = self.n // self.groups
         self.chunk = ic.chunk_items(rows * cols + ng * cols, batch)
@@ -254,6 +255,8 @@ class ConvolutionalLayer(Layer):
             self.wchunk = _winograd_chunk(16 * th * tw * (c + n), th * tw, batch)
             tiles = self.wchunk * th * tw
             ic.reserve(_xi_size(n, c) + _xi_size(max(c, n), tiles) * 2, self.dtype)
+            kept = sum(_xi_size(c, t) for _, t in self._chunk_tiles(self.out_shape[1:]))
+            self._vkeep_values = kept if kept <= WINOGRAD_KEEP_VALUES else 0
         self._trained = False
 
     def _use_winograd(self, batch: int) -> bool:
@@ -276,10 +279,8 @@ class ConvolutionalLayer(Layer):
             ng = self.n // self.groups
             self.wgrad_tmp = self.training_buffer(
                 self.wgrad_tmp, (ng, rows) if self.wide else (self.chunk, ng, rows))
-        if self.winograd:
-            kept = sum(_xi_size(self.in_shape[0], tiles) for _, tiles in self._chunk_tiles(self.out_shape[1:]))
-            if kept <= WINOGRAD_KEEP_VALUES:
-                self.vkeep = self.training_buffer(self.vkeep, (kept,))
+        if self._vkeep_values:
+            self.vkeep = self.training_buffer(self.vkeep, (self._vkeep_values,))
 
     def extra_buffers(self) -> list[np.ndarray]:
         return [self.pre, self.xnorm, self.wgrad_tmp, self.vkeep]
@@ -390,7 +391,10 @@ class ConvolutionalLayer(Layer):
         off = _xi_size(n, c)
         at = 0
         for items, tiles in self._chunk_tiles(out_hw):
-            v = _xi_view(at, c, tiles, self.dtype, self.vkeep) if kept else _xi_view(off, c, tiles, self.dtype)
+            if kept:
+                v = _xi_view(at, c, tiles, self.dtype, self.vkeep)
+            else:
+                v = _xi_view(off, c, tiles, self.dtype)
             at += _xi_size(c, tiles)
             yield items, v, _xi_view(off + _xi_size(c, tiles), n, tiles, self.dtype)
 
@@ -517,7 +521,7 @@ def _xi_view(offset: int, a: int, b: int, dtype, buf: np.ndarray | None = None) 
     """16 (a, b) matrices in the shared workspace (or the flat array `buf`) from `offset`, each
     XI_PAD values after the previous one ends: a (16, a, b) view whose every [ξ] is a BLAS-ready
     matrix."""
-    n = 16 * (a * b + XI_PAD)
+    n = _xi_size(a, b)
     flat = (ic.get((n,), dtype, offset) if buf is None else buf[offset:offset + n]).reshape(16, -1)
     return flat[:, :a * b].reshape(16, a, b)
 
