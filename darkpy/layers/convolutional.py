@@ -51,11 +51,15 @@ WINOGRAD = True
 WINOGRAD_MIN_TILES = 128
 WINOGRAD_MIN_CHANNELS = 16
 #: Batch items per Winograd chunk: as many as keep V and M (the transformed input and product) within
-#: WINOGRAD_CHUNK_VALUES, so that the 16 GEMMs read V from the cache the input transform wrote it
-#: to (shapes-tiny training 0.93x time at 1<<20 against the whole batch at once), but at least
-#: WINOGRAD_MIN_GEMM_TILES tiles, so the GEMMs stay wide enough for BLAS (cifar at b64 was 1.15x
-#: slower with one 196-tile item per chunk).
-WINOGRAD_CHUNK_VALUES = 1 << 20
+#: WINOGRAD_CHUNK_VALUES (16 MiB in float32, half of im2col's CHUNK_VALUES), so that the 16 GEMMs
+#: read V while it is still in a cache level (shapes-tiny training 0.93x time at 1<<20 against the whole
+#: batch at once, on a 2-core Zen 4), but at least WINOGRAD_MIN_GEMM_TILES tiles, so the GEMMs stay
+#: wide enough for BLAS (cifar at b64 was 1.15x slower with one 196-tile item per chunk). Each chunk
+#: starts two parallel regions, and where waking the workers is dear (66 µs on a 2-core Zen 5 VM)
+#: fewer chunks win: there 1<<22 against 1<<20 took 0.76-0.85x the time of a shapes-tiny b64
+#: forward, 0.76-0.85x of its b32 training step, 0.94-1.09x of cifar b64 and 0.92-0.98x of
+#: yolov3-tiny b16 (two rounds each, 2 threads); 1<<24 was no better than 1<<22.
+WINOGRAD_CHUNK_VALUES = 1 << 22
 WINOGRAD_MIN_GEMM_TILES = 256
 #: A training forward keeps the Winograd transform of its input, V (16 values per 2x2 tile and
 #: channel, about 4x the input), for the weight gradient, which otherwise transforms the same input
