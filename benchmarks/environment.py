@@ -27,19 +27,10 @@ TUNING = ("OMP_", "KMP_", "GOMP_", "OPENBLAS_", "GOTO", "MKL_", "NUMBA_", "TORCH
 
 
 def worker_env(threads: int, **extra: str) -> dict[str, str]:
-    """The environment of every measured process: the same for every contender. Where the `darkpy`
-    command would pick OpenBLAS's kernels itself (an AVX-512 CPU numpy's OpenBLAS does not know,
-    darkpy.process.openblas_coretype), every contender gets that OPENBLAS_CORETYPE, so no process
-    runs numpy's BLAS on other kernels than darkpy's (torch and ONNX Runtime pick their own
-    AVX-512 kernels for their convolutions in any case)."""
-    from darkpy.process import openblas_coretype
-
+    """The environment of every measured process: the same for every contender."""
     env = {k: os.environ[k] for k in NEUTRAL if k in os.environ}
     env.update({"OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
                 "MKL_NUM_THREADS": str(threads), "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)})
-    coretype = openblas_coretype()
-    if coretype:
-        env["OPENBLAS_CORETYPE"] = coretype
     env.update(extra)
     return env
 

@@ -12,9 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from darkpy.process import COMMAND_ENV, openblas_coretype, set_command_environment
+from darkpy.process import COMMAND_ENV, set_command_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,52 +128,5 @@ print("ENV", os.environ["OMP_WAIT_POLICY"], os.environ["OPENBLAS_THREAD_TIMEOUT"
 
 def test_set_command_environment_keeps_values_already_set():
     env = {"OMP_WAIT_POLICY": "ACTIVE"}
-    assert set_command_environment(env, cpuinfo="") == {"OMP_WAIT_POLICY": "ACTIVE", "OPENBLAS_THREAD_TIMEOUT": "4"}
+    assert set_command_environment(env) == {"OMP_WAIT_POLICY": "ACTIVE", "OPENBLAS_THREAD_TIMEOUT": "4"}
     assert env == {"OMP_WAIT_POLICY": "ACTIVE", "OPENBLAS_THREAD_TIMEOUT": "4"}
-
-
-AVX512 = "fpu sse4_2 avx avx2 fma avx512f avx512dq avx512cd avx512bw avx512vl"
-
-
-def _cpuinfo(vendor: str, family: int, flags: str) -> str:
-    block = f"processor\t: {{}}\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: 2\nflags\t\t: {flags}\n"
-    return block.format(0) + "\n" + block.format(1).replace(flags, "fpu")   # only the first block counts
-
-
-@pytest.mark.parametrize("vendor, family, flags, expected", [
-    ("AuthenticAMD", 26, AVX512, "SkylakeX"),                 # Zen 5: OpenBLAS 0.3.31 falls back to Haswell
-    ("AuthenticAMD", 27, AVX512 + " avx512_bf16", "SkylakeX"),
-    ("AuthenticAMD", 25, AVX512, None),                       # Zen 4: OpenBLAS picks its own AVX-512 kernels
-    ("AuthenticAMD", 26, AVX512.replace(" avx512vl", ""), None),   # a subset missing: its kernels would fault
-    ("AuthenticAMD", 26, "fpu sse4_2 avx avx2 fma", None),
-    ("GenuineIntel", 6, AVX512, None),
-])
-def test_openblas_coretype_only_for_avx512_cpus_openblas_does_not_know(vendor, family, flags, expected):
-    info = _cpuinfo(vendor, family, flags)
-    assert openblas_coretype(info) == expected
-    env = {}
-    got = set_command_environment(env, cpuinfo=info)
-    assert env.get("OPENBLAS_CORETYPE") == expected
-    assert got == env
-    assert openblas_coretype("") is None and openblas_coretype("garbage\n: :\n") is None
-
-
-def test_openblas_coretype_set_by_the_user_is_kept():
-    env = {"OPENBLAS_CORETYPE": "Haswell"}
-    set_command_environment(env, cpuinfo=_cpuinfo("AuthenticAMD", 26, AVX512))
-    assert env["OPENBLAS_CORETYPE"] == "Haswell"
-
-
-def test_numpy_runs_the_kernels_the_command_chose():
-    """On a machine where the command picks OpenBLAS's kernels, numpy's OpenBLAS really runs them."""
-    pytest.importorskip("threadpoolctl")
-    coretype = openblas_coretype()
-    if coretype is None:
-        pytest.skip("this CPU keeps OpenBLAS's own kernel choice")
-    code = ("from darkpy.process import set_command_environment; set_command_environment(); "
-            "import numpy; from threadpoolctl import threadpool_info; "
-            "print([i.get('architecture') for i in threadpool_info() if i['internal_api'] == 'openblas'])")
-    env = {k: v for k, v in _clean_env().items() if k != "OPENBLAS_CORETYPE"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                         check=True, timeout=300).stdout
-    assert coretype in out, out

@@ -58,7 +58,8 @@ WINOGRAD_MIN_CHANNELS = 16
 #: starts two parallel regions, and where waking the workers is dear (66 µs on a 2-core Zen 5 VM)
 #: fewer chunks win: there 1<<22 against 1<<20 took 0.76-0.85x the time of a shapes-tiny b64
 #: forward, 0.76-0.85x of its b32 training step, 0.94-1.09x of cifar b64 and 0.92-0.98x of
-#: yolov3-tiny b16 (two rounds each, 2 threads); 1<<24 was no better than 1<<22.
+#: yolov3-tiny b16 (two rounds each, 2 threads, OpenBLAS's Haswell kernels as that machine's shell
+#: pinned them); 1<<24 was no better than 1<<22.
 WINOGRAD_CHUNK_VALUES = 1 << 22
 WINOGRAD_MIN_GEMM_TILES = 256
 #: A training forward keeps the Winograd transform of its input, V (16 values per 2x2 tile and
