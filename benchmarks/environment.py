@@ -53,6 +53,10 @@ def cpu_info() -> dict:
         text = Path("/proc/cpuinfo").read_text()
         m = re.search(r"model name\s*:\s*(.*)", text)
         model = m.group(1).strip() if m else model
+        fam = re.search(r"^cpu family\s*:\s*(\d+)", text, re.M)
+        mod = re.search(r"^model\s*:\s*(\d+)", text, re.M)
+        if fam and mod:             # "AMD EPYC" alone names Zen 4 and Zen 5 machines alike
+            model = f"{model} (family {fam.group(1)}, model {mod.group(1)})"
         m = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
         flags = set(m.group(1).split()) if m else set()
     except OSError:
