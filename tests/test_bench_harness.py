@@ -179,3 +179,27 @@ def test_mosaic_map_edits_reach_the_cfg_sections():
     assert doc.net.get_int("mosaic_off", 0) == 1125
     with pytest.raises(SystemExit, match="SECTION.KEY=VALUE"):
         _apply_edit(doc, "iou_thresh=0.2")
+
+
+def _run_tool(*args: str) -> str:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", *args], cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_kernel_time_counts_the_parallel_kernels_a_step_calls():
+    out = _run_tool("benchmarks.kernel_time", "digits", "train", "4", "--threads", "1", "--steps", "2")
+    rows = {line.split()[0]: float(line.split()[1]) for line in out.splitlines() if line.startswith(("bn.", "winograd."))}
+    # digits: three conv-BN layers, each a fused BN + activation forward and backward in training
+    assert rows["bn.bn_act_forward_train"] == 3 and rows["bn.bn_act_backward"] == 3, out
+    assert "parallel kernels:" in out
+
+
+def test_wake_cost_reports_both_thread_counts():
+    out = _run_tool("benchmarks.wake_cost", "--threads", "2", "--calls", "50")
+    assert "1 thread(s): back to back median" in out and "2 thread(s): back to back median" in out, out
