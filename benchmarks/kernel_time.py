@@ -51,31 +51,23 @@ def wrap_parallel_kernels(stats: dict) -> int:
 
 
 def main(argv=None) -> None:
+    from .layer_time import step_arguments
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("network", help="a suite network (benchmarks/run.py), e.g. digits, shapes-tiny")
-    ap.add_argument("mode", choices=["train", "infer"])
-    ap.add_argument("batch", type=int)
+    step_arguments(ap)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=30)
     args = ap.parse_args(argv)
 
     from darkpy.runtime import configure_threads
 
-    from .layer_time import build
+    from .layer_time import build, make_step
 
     configure_threads(args.threads)
     net, x, truth = build(args.network, args.batch)
     stats: dict = defaultdict(lambda: [0, 0.0])
     wrap_parallel_kernels(stats)
-
-    def step():
-        if args.mode == "train":
-            net.forward(x, truth, train=True)
-            net.backward()
-            net.update(1e-3)
-        else:
-            net.forward(x)
-
+    step = make_step(net, x, truth, args.mode == "train")
     for _ in range(3):
         step()
     stats.clear()

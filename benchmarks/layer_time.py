@@ -53,6 +53,26 @@ def build(name: str, batch: int):
     return net, x, truth
 
 
+def step_arguments(ap) -> None:
+    """The positional arguments every step tool takes: network, mode, batch."""
+    ap.add_argument("network", help="a suite network (benchmarks/run.py), e.g. digits, shapes-tiny")
+    ap.add_argument("mode", choices=["train", "infer"])
+    ap.add_argument("batch", type=int)
+
+
+def make_step(net, x, truth, train: bool):
+    """One step of the suite network: a training step (forward with truth, backward, update at a
+    fixed rate) or an inference forward."""
+    def step():
+        if train:
+            net.forward(x, truth, train=True)
+            net.backward()
+            net.update(1e-3)
+        else:
+            net.forward(x)
+    return step
+
+
 def instrument(net, times: dict) -> None:
     """Wrap every layer's forward/backward so that each call adds its wall time to
     times[(index, kind, phase)] (a list per step, the caller appends a new slot)."""
@@ -69,9 +89,7 @@ def instrument(net, times: dict) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("network")
-    ap.add_argument("mode", choices=["train", "infer"])
-    ap.add_argument("batch", type=int)
+    step_arguments(ap)
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--percentile", type=float, default=50,

@@ -30,10 +30,10 @@ import numpy as np  # noqa: E402
 
 
 def main(argv=None) -> None:
+    from .layer_time import step_arguments
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("network", help="a suite network (benchmarks/run.py), e.g. digits, shapes-tiny")
-    ap.add_argument("mode", choices=["train", "infer"])
-    ap.add_argument("batch", type=int)
+    step_arguments(ap)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--wall", action="store_true", help="wall time even with one thread")
@@ -41,7 +41,7 @@ def main(argv=None) -> None:
 
     from darkpy.runtime import configure_threads
 
-    from .layer_time import build
+    from .layer_time import build, make_step
     from .run import SUITE
 
     if args.network not in {s.name for s in SUITE}:
@@ -49,16 +49,7 @@ def main(argv=None) -> None:
     configure_threads(args.threads)
     clock = time.process_time if args.threads == 1 and not args.wall else time.perf_counter
     net, x, truth = build(args.network, args.batch)
-    train = args.mode == "train"
-
-    def step():
-        if train:
-            net.forward(x, truth, train=True)
-            net.backward()
-            net.update(1e-3)
-        else:
-            net.forward(x)
-
+    step = make_step(net, x, truth, args.mode == "train")
     for _ in range(3):
         step()
     times = []

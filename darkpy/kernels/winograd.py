@@ -95,8 +95,12 @@ def inputs(v, x, pad):
     planes = c * nb
     per = max(1, INPUT_BLOCK_TILES // (th * tw))
     for blk in prange((planes + per - 1) // per):
-        d = np.zeros((4, wp), x.dtype)      # a band's rows, zero-padded (bands at the edges)
-        s = np.zeros((4, wp), x.dtype)      # Bᵀ d, column by column; padding columns stay 0
+        d = np.empty((4, wp), x.dtype)      # a band's rows, zero-padded (bands at the edges)
+        s = np.empty((4, wp), x.dtype)      # Bᵀ d, column by column; padding columns stay 0
+        for k in range(4):                  # (loops: np.zeros here would be a parallel region)
+            for j in range(wp):
+                d[k, j] = 0
+                s[k, j] = 0
         for cb in range(blk * per, min(planes, (blk + 1) * per)):
             ch = cb // nb
             b = cb % nb
