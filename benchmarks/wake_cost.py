@@ -9,8 +9,9 @@ other frameworks, nothing is published.
 
 For 1 and for --threads threads it prints the median and 90th percentile of a 64-value `prange`
 region called back to back, and again after ~1 ms of other work (the pool has gone to sleep by
-then unless it spins that long). Measured 2026-12-02 on a 2-core Zen 5 VM, 2 threads: 66 µs back to
-back and 100 µs after a gap with PASSIVE; 1.9 and 8.6 µs with libgomp's default spinning.
+then unless it spins that long). Measured 2026-12-02 on a 2-core Zen 5 VM, 2 threads, two runs:
+52-66 µs back to back and 67-100 µs after a gap with PASSIVE; 1.3-1.9 and 1.4-8.6 µs with libgomp's
+default spinning.
 """
 from __future__ import annotations
 
