@@ -61,15 +61,14 @@ def main(argv=None) -> None:
 
     from darkpy.runtime import configure_threads
 
-    from .layer_time import build, make_step
+    from .layer_time import build, make_step, warm_up
 
     configure_threads(args.threads)
     net, x, truth = build(args.network, args.batch)
     stats: dict = defaultdict(lambda: [0, 0.0])
     wrap_parallel_kernels(stats)
     step = make_step(net, x, truth, args.mode == "train")
-    for _ in range(3):
-        step()
+    warm_up(net, step)
     stats.clear()
     t0 = time.perf_counter()
     for _ in range(args.steps):

@@ -60,6 +60,15 @@ def step_arguments(ap) -> None:
     ap.add_argument("batch", type=int)
 
 
+def warm_up(net, step, steps: int = 3) -> None:
+    """`steps` steps, and more until the network's per-layer thread counts are chosen
+    (darkpy/threadplan.py), so that what is timed next is the steady state."""
+    for _ in range(steps):
+        step()
+    while not net.thread_plans.settled():
+        step()
+
+
 def make_step(net, x, truth, train: bool):
     """One step of the suite network: a training step (forward with truth, backward, update at a
     fixed rate) or an inference forward."""
@@ -99,6 +108,7 @@ def main(argv=None) -> None:
     from darkpy.runtime import configure_threads
 
     net, x, truth = build(args.network, args.batch)
+    net.thread_plans.enabled = False        # every layer on 1, then on --threads threads
     step_times: dict = defaultdict(float)
     instrument(net, step_times)
     train = args.mode == "train"

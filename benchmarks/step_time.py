@@ -37,11 +37,13 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--wall", action="store_true", help="wall time even with one thread")
+    ap.add_argument("--fixed-threads", action="store_true",
+                    help="every layer on --threads threads (no per-layer choice, darkpy/threadplan.py)")
     args = ap.parse_args(argv)
 
     from darkpy.runtime import configure_threads
 
-    from .layer_time import build, make_step
+    from .layer_time import build, make_step, warm_up
     from .run import SUITE
 
     if args.network not in {s.name for s in SUITE}:
@@ -49,9 +51,9 @@ def main(argv=None) -> None:
     configure_threads(args.threads)
     clock = time.process_time if args.threads == 1 and not args.wall else time.perf_counter
     net, x, truth = build(args.network, args.batch)
+    net.thread_plans.enabled = not args.fixed_threads
     step = make_step(net, x, truth, args.mode == "train")
-    for _ in range(3):
-        step()
+    warm_up(net, step)
     times = []
     for _ in range(args.reps):
         t0 = clock()

@@ -155,6 +155,11 @@ class DarkpyRunner:
             pass
         return {k: v / 2 ** 20 for k, v in out.items()}
 
+    def settled(self) -> bool:
+        """True once the network's per-layer thread counts are chosen (darkpy/threadplan.py):
+        the passes that measure them are part of the warm-up, not of the timed sample."""
+        return self.net.thread_plans.settled()
+
     def op(self) -> None:
         if self.job["mode"] == "train":
             self.net.forward(self.x, self.truth, train=True)
@@ -421,10 +426,12 @@ def worker_main(kind: str) -> None:
 
 def warm_up(runner, min_s: float, min_ops: int) -> dict:
     """Run the op at least `min_ops` times and for at least `min_s` seconds (first-use allocation,
-    caches, kernel loading), and report the last op's time (what the sample is sized by)."""
+    caches, kernel loading), and until the runner is `settled()` when it says (darkpy: its
+    per-layer thread counts chosen); report the last op's time (what the sample is sized by)."""
     start = time.perf_counter()
     n, last = 0, 0.0
-    while n < min_ops or time.perf_counter() - start < min_s:
+    settled = getattr(runner, "settled", lambda: True)
+    while n < min_ops or time.perf_counter() - start < min_s or not settled():
         t0 = time.perf_counter()
         runner.op()
         last = time.perf_counter() - t0

@@ -32,6 +32,7 @@ from .memory import MemoryLimitError, check_network_fits
 from .memory import shapes_only as _shapes_only
 from .netconfig import KNOWN_NET_KEYS, POLICIES, NetConfig  # noqa: F401  (re-exported)
 from .optim import clip_global_norm, current_rate, update_params
+from .threadplan import ThreadPlans
 
 @dataclass
 class BuildContext:
@@ -192,6 +193,9 @@ class Network:
         self.truth: np.ndarray | None = None
         self._share_keep: tuple[int, ...] | None = None     # share_outputs() in force
         self._arena: np.ndarray | None = None
+        #: threads per layer, measured over the first passes of each kind (`.enabled = False`: all
+        #: layers on numba's current count)
+        self.thread_plans = ThreadPlans()
         if shapes_only:
             for layer in self.layers:
                 layer.batch = batch or self.config.minibatch
@@ -391,11 +395,15 @@ class Network:
         if train:
             self.seen += self.batch
         s = self._state(self.input, t, train)
-        for layer in self.layers:
+        layers = self.layers
+
+        def step(i: int) -> None:
+            layer = layers[i]
             layer.forward(s)
             if layer.has_cost and t is None:
                 layer.clear_cost()
             s.input = layer.output
+        self._run_layers(("forward", train), range(len(layers)), step)
         self._ready_for_backward = train and truth is not None
         self._compute_cost()
         return self.output
@@ -427,16 +435,30 @@ class Network:
         self._ready_for_backward = False
         self._deltas_dirty = True
         s = self._state(self.input, self.truth, True)
-        for i in range(len(self.layers) - 1, -1, -1):
-            layer = self.layers[i]
+        layers = self.layers
+
+        def step(i: int) -> bool:
+            layer = layers[i]
             if layer.stopbackward:
-                break
+                return True
             if i > 0:
-                prev = self.layers[i - 1]
-                s.input, s.delta = prev.output, prev.delta
+                s.input, s.delta = layers[i - 1].output, layers[i - 1].delta
             else:
                 s.input, s.delta = self.input, None
             layer.backward(s)
+            return False
+        self._run_layers(("backward",), range(len(layers) - 1, -1, -1), step)
+
+    def _run_layers(self, kind: tuple, order: range, step) -> None:
+        """`step(i)` for the layers in `order` until one returns True, each on the thread count its
+        ThreadPlan chose for this kind of pass at this batch and input size (darkpy/threadplan.py)."""
+        plan = self.thread_plans.plan((*kind, self.batch, self._input_shape), len(self.layers))
+        if plan is not None:
+            plan.run(order, step)
+            return
+        for i in order:
+            if step(i):
+                return
 
     def frozen_upto(self) -> int:
         """Index of the last layer with stopbackward=1 (-1 if none): it and earlier layers don't learn."""

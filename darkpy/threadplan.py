@@ -1,0 +1,116 @@
+"""Threads per layer, measured on the network itself.
+
+Every parallel region of a kernel wakes numba's thread pool, and what a wake-up costs depends on
+the machine: ~2 µs where the workers spin, 6-10 µs on a bare 2-core machine whose workers sleep
+(the `darkpy` command's OMP_WAIT_POLICY=PASSIVE), 50-65 µs on a 2-core Firecracker VM (measured
+with `python -m benchmarks.wake_cost`). A layer whose kernels do little work per region is then
+faster on the calling thread alone: on that VM a digits training step at b32 took 2.2 ms on one
+thread and 3.2 ms on two, while cifar's took 1.6 s on two and 2.7 s on one. Which layers gain
+from the second thread depends on the machine, its load, the batch and the input size, so a
+`ThreadPlan` measures it:
+
+- the first pass of a kind (forward or backward, inference or training, at one batch, input size
+  and thread count) runs as usual and is not timed (first touches of fresh buffers);
+- the next 2·SAMPLES passes alternate between all threads and one thread for every layer, timing
+  each layer;
+- from then on each layer runs on the thread count whose fastest sample was faster.
+
+Results do not depend on the choice: every kernel gives the same bits at any thread count (its work
+is split in blocks fixed by the shape, never by the thread count; tests/test_threadplan.py trains
+with and without a plan and compares the weights). Only numba's threads are chosen per layer;
+BLAS's are chosen per GEMM by darkpy.blas. numba's thread count is per calling thread, so a data
+loader thread is not affected, and the caller's count is put back after every pass.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import numba
+
+#: Timed passes per arm (all threads, one thread) before a layer's thread count is chosen.
+SAMPLES = 3
+
+
+class ThreadPlan:
+    """Thread counts for the layers of one kind of pass; `run` applies and, at first, measures them."""
+
+    def __init__(self, layers: int, threads: int, clock: Callable[[], float] = time.perf_counter):
+        self.threads = threads
+        self.clock = clock
+        self.passes = 0
+        #: best time seen per layer on [all threads, one thread]
+        self.best = [[float("inf")] * layers for _ in range(2)]
+        #: chosen thread count per layer, None while measuring
+        self.choice: list[int] | None = None
+
+    def run(self, order: Sequence[int], step: Callable[[int], bool | None]) -> None:
+        """`step(i)` for each layer index of `order` (stopping when it returns True), each on its
+        layer's thread count; numba's count is `self.threads` again afterwards, even on an error."""
+        try:
+            if self.choice is not None:
+                self._run_chosen(order, step)
+            else:
+                self._run_measured(order, step)
+        finally:
+            numba.set_num_threads(self.threads)
+
+    def _run_chosen(self, order, step) -> None:
+        current = self.threads
+        for i in order:
+            want = self.choice[i]
+            if want != current:
+                numba.set_num_threads(want)
+                current = want
+            if step(i):
+                return
+
+    def _run_measured(self, order, step) -> None:
+        timed = self.passes > 0
+        arm = (self.passes - 1) % 2 if timed else 0          # 0: all threads, 1: one thread
+        numba.set_num_threads(self.threads if arm == 0 else 1)
+        best = self.best[arm]
+        clock = self.clock
+        for i in order:
+            t0 = clock()
+            stop = step(i)
+            if timed:
+                best[i] = min(best[i], clock() - t0)
+            if stop:
+                break
+        self.passes += 1
+        if self.passes > 2 * SAMPLES:
+            self.choice = [1 if one < many else self.threads for many, one in zip(*self.best)]
+
+
+class ThreadPlans:
+    """The network's plans, one per kind of pass; `plan(key, layers)` is None on one thread."""
+
+    def __init__(self) -> None:
+        self.enabled = True
+        #: per-layer thread counts every new plan starts with instead of measuring (None: measure)
+        self.fixed: list[int] | None = None
+        self._plans: dict[tuple, ThreadPlan] = {}
+
+    def plan(self, key: tuple, layers: int) -> ThreadPlan | None:
+        threads = numba.get_num_threads()
+        if not self.enabled or threads < 2:
+            return None
+        key = (*key, threads)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = ThreadPlan(layers, threads)
+            if self.fixed is not None:
+                plan.choice = [min(n, threads) for n in self.fixed]
+        return plan
+
+    def settled(self) -> bool:
+        """True when no plan is still measuring (one more pass of each kind then runs as chosen)."""
+        return all(plan.choice is not None for plan in self._plans.values())
+
+    def chosen(self) -> dict[tuple, list[int] | None]:
+        """Every plan's per-layer thread counts (None while still measuring), by kind of pass."""
+        return {key: plan.choice for key, plan in self._plans.items()}
+
+    def clear(self) -> None:
+        self._plans.clear()

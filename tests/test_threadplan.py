@@ -1,0 +1,214 @@
+"""Threads per layer (darkpy/threadplan.py): the plan measures each layer on all threads and on one,
+keeps the faster, puts numba's thread count back, and never changes a result: every kernel gives the
+same bits at any thread count, so training with any per-layer choice equals training on one thread."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from darkpy.network import load_network, network_from_text
+from darkpy.threadplan import SAMPLES, ThreadPlan
+
+pytestmark = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
+                                reason="needs 2 numba threads (NUMBA_NUM_THREADS < 2 on this machine)")
+
+
+class FakeClock:
+    """A clock that a layer's step advances by that layer's cost at numba's current thread count."""
+
+    def __init__(self, costs: dict[int, tuple[float, float]]):
+        self.now, self.costs = 0.0, costs
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step(self, i: int) -> None:
+        many, one = self.costs[i]
+        self.now += one if numba.get_num_threads() == 1 else many
+
+
+def test_plan_measures_both_arms_then_keeps_the_faster_per_layer():
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        # (time on 2 threads, time on 1): layer 0 gains from the second thread, layer 1 loses, 2 ties
+        clock = FakeClock({0: (3.0, 5.0), 1: (4.0, 1.0), 2: (2.0, 2.0)})
+        plan = ThreadPlan(3, 2, clock=clock)
+        seen = []
+
+        def step(i):
+            seen.append((plan.passes, i, numba.get_num_threads()))
+            clock.step(i)
+
+        for k in range(2 * SAMPLES + 1):
+            assert plan.choice is None
+            plan.run(range(3), step)
+            assert numba.get_num_threads() == 2          # the caller's count is back after each pass
+        assert plan.choice == [2, 1, 2]
+        # pass 0 untimed on all threads, then all threads and one thread in turn
+        arms = [n for p, i, n in seen if i == 0]
+        assert arms == [2] + [2, 1] * SAMPLES
+        assert plan.best == [[3.0, 4.0, 2.0], [5.0, 1.0, 2.0]]
+        seen.clear()
+        plan.run(range(3), step)
+        assert [n for _, _, n in seen] == [2, 1, 2] and numba.get_num_threads() == 2
+        # a step that returns True stops the pass
+        seen.clear()
+        plan.run(range(3), lambda i: seen.append(i) or i == 1)
+        assert seen == [0, 1]
+    finally:
+        numba.set_num_threads(before)
+
+
+def test_plan_puts_threads_back_when_a_layer_raises():
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        plan = ThreadPlan(2, 2)
+        plan.choice = [1, 1]
+
+        def boom(i):
+            assert numba.get_num_threads() == 1
+            raise ValueError("layer failed")
+        with pytest.raises(ValueError):
+            plan.run(range(2), boom)
+        assert numba.get_num_threads() == 2
+    finally:
+        numba.set_num_threads(before)
+
+
+#: every family with a parallel kernel that a detector or classifier uses, at sizes above the
+#: kernels' serial thresholds (8 x 16 x 48 x 48 = 295k values), so their parallel branches run
+NET = """[net]
+batch=8
+width=48
+height=48
+channels=3
+learning_rate=0.01
+momentum=0.9
+decay=0.0005
+
+[convolutional]
+batch_normalize=1
+filters=16
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[convolutional]
+batch_normalize=1
+filters=16
+size=3
+stride=1
+pad=1
+activation=mish
+
+[shortcut]
+from=-2
+activation=linear
+
+[maxpool]
+size=2
+stride=2
+
+[convolutional]
+filters=32
+size=1
+stride=1
+pad=1
+activation=swish
+
+[dropout]
+probability=0.2
+
+[upsample]
+stride=2
+
+[route]
+layers=-1,0
+
+[convolutional]
+batch_normalize=1
+filters=32
+size=3
+stride=2
+pad=1
+activation=logistic
+
+[avgpool]
+
+[connected]
+output=10
+activation=linear
+
+[softmax]
+"""
+
+
+def _train(make, threads: int, plan: str, steps: int):
+    numba.set_num_threads(threads)
+    net = make()
+    net.thread_plans.enabled = plan != "off"
+    if plan == "mixed":                  # layers alternate between one thread and two
+        net.thread_plans.fixed = [1 + i % 2 for i in range(len(net.layers))]
+    rng = np.random.default_rng(0)
+    outs = []
+    for _ in range(steps):
+        x = rng.random((net.batch, *net.input_shape), dtype=np.float32)
+        truth = np.zeros(net.truth.shape, np.float32)
+        if net.layers[-1].kind == "yolo":
+            t = truth.reshape(net.batch, -1, 5)
+            t[:, 0] = (0.5, 0.5, 0.3, 0.3, 1)
+            t[:, 1] = (0.2, 0.3, 0.1, 0.15, 2)
+        else:
+            truth[np.arange(net.batch), rng.integers(0, truth.shape[1], net.batch)] = 1
+        net.forward(x, truth, train=True)
+        net.backward()
+        net.update()
+        outs.append(net.output.copy())
+    if plan == "measured":                # measured, then run as chosen for the last steps
+        assert net.thread_plans.settled()
+    return np.concatenate([o.ravel() for o in outs]
+                          + [p.value.ravel() for layer in net.layers for p in layer.params])
+
+
+@pytest.mark.parametrize("name", ["families", "shapes-tiny"])
+def test_training_gives_the_same_bits_on_any_threads_per_layer(name):
+    make = ((lambda: network_from_text(NET)) if name == "families"
+            else (lambda: load_network(ROOT / "cfg" / "shapes-tiny.cfg", batch=4)))
+    before = numba.get_num_threads()
+    try:
+        steps = 2 * SAMPLES + 3
+        one = _train(make, 1, "off", steps)
+        for plan in ("off", "mixed", "measured"):
+            got = _train(make, 2, plan, steps)
+            assert np.array_equal(one, got), f"{name}: 2 threads, plan {plan} differs from 1 thread"
+    finally:
+        numba.set_num_threads(before)
+
+
+def test_network_plans_by_pass_kind_and_restores_threads():
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        net = network_from_text(NET)
+        x = np.random.default_rng(1).random((net.batch, *net.input_shape), dtype=np.float32)
+        for _ in range(2 * SAMPLES + 1):
+            net.forward(x)
+            assert numba.get_num_threads() == 2
+        chosen = net.thread_plans.chosen()
+        assert list(chosen) == [("forward", False, 8, (3, 48, 48), 2)]
+        assert all(n in (1, 2) for n in chosen[("forward", False, 8, (3, 48, 48), 2)])
+        assert net.thread_plans.settled()
+        net.set_batch(2)                      # another batch is another kind of pass: measured anew
+        net.forward(x[:2])
+        assert not net.thread_plans.settled()
+        numba.set_num_threads(1)              # one thread: no plan at all
+        net.thread_plans.clear()
+        net.forward(x[:2])
+        assert net.thread_plans.chosen() == {}
+    finally:
+        numba.set_num_threads(before)
