@@ -2,17 +2,19 @@
 
 One run (one arm, one seed):
 
-    python benchmarks/mosaic_map.py --out /tmp/mosaic --size 128 --images 3000 --iterations 1500 \\
+    python benchmarks/mosaic_map.py --out /tmp/mosaic --size 128 --images 3000 --iterations 3000 \\
         --threads 1 [--mosaic] [--seed 1]
 
 Both arms over several seeds, as parallel subprocesses (the figures in the README):
 
-    python benchmarks/mosaic_map.py --out /tmp/mosaic --size 128 --images 3000 --iterations 1500 \\
-        --threads 1 --compare --seeds 1,2 --jobs 4
+    python benchmarks/mosaic_map.py --out /tmp/mosaic --size 128 --images 3000 --iterations 3000 \\
+        --threads 1 --compare --seeds 1,2,3,4,5 --jobs 2
 
 Variants: `--edit SECTION.KEY=VALUE` (repeatable) edits the cfg of both arms, `--mosaic-edit` the
 mosaic arm's only; SECTION is `net`, `yolo` (every [yolo] head) or a section index. `--tag NAME`
-keeps a variant's runs apart (<out>/<NAME>-<arm>-s<seed>), `--arms` picks the arms `--compare` runs:
+keeps a variant's runs apart (<out>/<NAME>-<arm>-s<seed>), `--arms` picks the arms `--compare` runs.
+The README's history of the bundled cfg, for instance: the cfg before `iou_thresh`
+(`--edit yolo.iou_thresh=1`), the shorter schedule (`--iterations 1500`), closing mosaic:
 
     python benchmarks/mosaic_map.py --out /tmp/mosaic --iterations 1500 --threads 1 --compare \\
         --seeds 1,2 --jobs 1 --tag close --arms mosaic --mosaic-edit net.mosaic_off=1125
