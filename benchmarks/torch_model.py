@@ -344,7 +344,8 @@ _ATTRS = {
     "upsample": ("stride", "scale"),
     "yolo": ("n", "entries", "scale_x_y", "new_coords", "classes", "mask", "biases", "max_boxes", "net_wh",
              "ignore_thresh", "truth_thresh", "iou_loss", "iou_normalizer", "obj_normalizer", "cls_normalizer",
-             "label_smooth_eps", "iou_thresh", "class_map"),
+             "label_smooth_eps", "iou_thresh", "iou_thresh_kind", "class_map", "focal_loss",
+             "objectness_smooth", "class_mult", "max_delta"),
     "activation": ("activation",),
     "logistic": (),
 }

@@ -13,11 +13,16 @@ sigmoid derivative): they are the negative gradients, with respect to the head's
   class's target (Darknet's rule);
 where a slot (cell, anchor) is positive for a truth when the anchor, among ALL anchors, has the best
 shape-only IoU with the truth and is in this head's mask (later truths on the same slot win).
+With the fork's `iou_thresh < 1`, every other masked anchor whose shape IoU with the truth is above
+it is positive too, the x, y, w, h terms of every truth on a slot add up, and each slot's sum is
+divided by the number of classes whose delta there is positive (the fork's averages_yolo_deltas; a
+count that reads the predictions, taken as a constant, as darkpy's delta does).
 `yolo_loss` returns that loss summed over the head (the caller divides by the batch, as darkpy's
 update does) and Darknet's reported cost, `Σ δ²`, computed from the same targets.
 
-Covered: `iou_loss=mse` (Darknet's), `scale_x_y=1`, `new_coords=0`, `truth_thresh=1`,
-`iou_thresh=1`; anything else raises `Unsupported` when the network is built for training.
+Covered: `iou_loss=mse` (Darknet's), `scale_x_y=1`, `new_coords=0`, `truth_thresh=1`, any
+`iou_thresh` with `iou_thresh_kind=iou`, no focal loss, objectness smoothing or class counters;
+anything else raises `Unsupported` when the network is built for training.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 MSE = -1            # darkpy.layers.yolo.MSE
+IOU = 0             # darkpy.kernels.boxes.IOU (iou_thresh_kind=iou)
 
 
 def unsupported(d: dict) -> str | None:
@@ -41,8 +47,14 @@ def unsupported(d: dict) -> str | None:
         problems.append("new_coords=1")
     if d["truth_thresh"] < 1:
         problems.append("truth_thresh < 1")
-    if d["iou_thresh"] < 1:
-        problems.append("iou_thresh < 1")
+    if d["iou_thresh"] < 1 and d["iou_thresh_kind"] != IOU:
+        problems.append("iou_thresh_kind other than iou")
+    if d["focal_loss"]:
+        problems.append("focal_loss=1")
+    if d["objectness_smooth"]:
+        problems.append("objectness_smooth=1")
+    if np.any(np.asarray(d["class_mult"]) != 1):
+        problems.append("counters_per_class")
     if problems:
         return f"layer {d['index']} [yolo]: the torch yolo loss does not cover " + ", ".join(problems)
     return None
@@ -63,7 +75,10 @@ def _shape_iou(aw, ah, tw, th):
 
 
 def assign(d: dict, truth: np.ndarray, lh: int, lw: int) -> dict:
-    """The positive slots of one head and their targets (prediction-independent), as arrays."""
+    """The positive slots of one head and their targets (prediction-independent), as arrays: `pos`,
+    the class targets and weights per slot, and one box entry per (truth, positive slot) in `box`
+    (index arrays b, a, j, i and targets x, y, w, h, s); without `iou_thresh` a later truth's entry
+    replaces an earlier one's on the same slot, with it they add up."""
     batch = truth.shape[0]
     n, classes = len(d["mask"]), d["classes"]
     net_w, net_h = d["net_wh"]
@@ -71,35 +86,40 @@ def assign(d: dict, truth: np.ndarray, lh: int, lw: int) -> dict:
     slot_of = {int(k): a for a, k in enumerate(d["mask"])}
     eps = d["label_smooth_eps"]
     on, off = 1.0 - 0.5 * eps, 0.5 * eps
+    accumulate = d["iou_thresh"] < 1
     shape = (batch, n, lh, lw)
     pos = np.zeros(shape, bool)
-    tgt = {k: np.zeros(shape, np.float32) for k in ("x", "y", "w", "h", "s")}
     tcls = np.zeros((batch, n, classes, lh, lw), np.float32)
     wcls = np.zeros_like(tcls)
+    entries: dict[tuple, list] = {}
     valid = _valid(truth, classes, d["max_boxes"])
     rows = truth[:, :5 * d["max_boxes"]].reshape(batch, -1, 5).astype(np.float64)
     for b, t in zip(*np.nonzero(valid)):
         tx, ty, tw, th, c = rows[b, t]
         ious = _shape_iou(anchors[:, 0] / net_w, anchors[:, 1] / net_h, tw, th)
         best = int(np.argmax(ious)) if ious.max() > 0 else 0
-        if best not in slot_of:
-            continue
-        a = slot_of[best]
         i, j = min(int(tx * lw), lw - 1), min(int(ty * lh), lh - 1)     # darknet: x == 1 is the last cell
         cls = int(d["class_map"][int(c)])
-        tgt["x"][b, a, j, i] = tx * lw - i
-        tgt["y"][b, a, j, i] = ty * lh - j
-        tgt["w"][b, a, j, i] = math.log(tw * net_w / anchors[best, 0])
-        tgt["h"][b, a, j, i] = math.log(th * net_h / anchors[best, 1])
-        tgt["s"][b, a, j, i] = (2 - tw * th) * d["iou_normalizer"]
-        if pos[b, a, j, i]:                 # darknet: a second truth on this slot sets only its class
-            tcls[b, a, cls, j, i] = on
-        else:
-            tcls[b, a, :, j, i] = off
-            tcls[b, a, cls, j, i] = on
-            wcls[b, a, :, j, i] = d["cls_normalizer"]
-        pos[b, a, j, i] = True
-    return {"pos": pos, "cls": tcls, "wcls": wcls, **tgt, "valid": valid, "rows": rows}
+        for k, a in sorted(slot_of.items(), key=lambda ka: ka[1]):
+            if k != best and not (accumulate and ious[k] > d["iou_thresh"]):
+                continue
+            entry = (tx * lw - i, ty * lh - j, math.log(tw * net_w / anchors[k, 0]),
+                     math.log(th * net_h / anchors[k, 1]), (2 - tw * th) * d["iou_normalizer"])
+            slot = (b, a, j, i)
+            entries[slot] = entries.get(slot, []) + [entry] if accumulate else [entry]
+            if pos[slot]:                   # darknet: a second truth on this slot sets only its class
+                tcls[b, a, cls, j, i] = on
+            else:
+                tcls[b, a, :, j, i] = off
+                tcls[b, a, cls, j, i] = on
+                wcls[b, a, :, j, i] = d["cls_normalizer"]
+            pos[slot] = True
+    flat = [(*slot, *e) for slot, es in entries.items() for e in es]
+    cols = np.array(flat, np.float64).reshape(-1, 9)
+    box = {k: torch.from_numpy(cols[:, m].astype(np.int64)) for m, k in enumerate("baji")}
+    box.update({k: torch.from_numpy(cols[:, 4 + m].astype(np.float32)) for m, k in enumerate("xywhs")})
+    return {"pos": pos, "cls": tcls, "wcls": wcls, "box": box, "average": accumulate, "valid": valid,
+            "rows": rows}
 
 
 def _best_iou(d: dict, z: torch.Tensor, a: dict) -> torch.Tensor:
@@ -138,21 +158,31 @@ def yolo_loss(d: dict, x: torch.Tensor, truth: torch.Tensor) -> tuple[torch.Tens
     a = assign(d, truth.detach().cpu().numpy(), lh, lw)
     pos = torch.from_numpy(a["pos"])
     posf = pos.to(z.dtype)
-    t = {k: torch.from_numpy(a[k]) for k in ("x", "y", "w", "h", "s")}
     ignore = _best_iou(d, z, a) > d["ignore_thresh"]
     w_obj = torch.where(pos | ~ignore, torch.full_like(posf, d["obj_normalizer"]), torch.zeros_like(posf))
     tcls, wcls = torch.from_numpy(a["cls"]), torch.from_numpy(a["wcls"])
-    s = t["s"] * posf
+    box = a["box"]
+    slot = (box["b"], box["a"], box["j"], box["i"])
+    s = box["s"]
+    if a["average"]:                 # the fork: each slot's box terms over its positive class deltas
+        with torch.no_grad():
+            k = ((wcls * (tcls - torch.sigmoid(z[:, :, 5:]))) > 0).sum(2)
+            s = s / k[slot].clamp(min=1).to(s.dtype)
+    zx, zy, zw, zh = (z[:, :, e][slot] for e in range(4))
 
     def bce(logit, target, weight):
         return (F.binary_cross_entropy_with_logits(logit, target, reduction="none") * weight).sum()
 
-    loss = (bce(z[:, :, 0], t["x"], s) + bce(z[:, :, 1], t["y"], s)
-            + (0.5 * s * (t["w"] - z[:, :, 2]) ** 2).sum() + (0.5 * s * (t["h"] - z[:, :, 3]) ** 2).sum()
+    loss = (bce(zx, box["x"], s) + bce(zy, box["y"], s)
+            + (0.5 * s * (box["w"] - zw) ** 2).sum() + (0.5 * s * (box["h"] - zh) ** 2).sum()
             + bce(z[:, :, 4], posf, w_obj) + bce(z[:, :, 5:], tcls, wcls))
     with torch.no_grad():
         sig = torch.sigmoid(z)
-        cost = ((s * (t["x"] - sig[:, :, 0])) ** 2).sum() + ((s * (t["y"] - sig[:, :, 1])) ** 2).sum()
-        cost += ((s * (t["w"] - z[:, :, 2])) ** 2).sum() + ((s * (t["h"] - z[:, :, 3])) ** 2).sum()
-        cost += ((w_obj * (posf - sig[:, :, 4])) ** 2).sum() + ((wcls * (tcls - sig[:, :, 5:])) ** 2).sum()
-    return loss, float(cost)
+        cost = 0.0
+        for e, (zz, target) in enumerate(((torch.sigmoid(zx), box["x"]), (torch.sigmoid(zy), box["y"]),
+                                          (zw, box["w"]), (zh, box["h"]))):
+            per_slot = torch.zeros(batch, n, lh, lw, dtype=z.dtype)
+            per_slot.index_put_(slot, s * (target - zz), accumulate=True)
+            cost += float((per_slot ** 2).sum())
+        cost += float(((w_obj * (posf - sig[:, :, 4])) ** 2).sum() + ((wcls * (tcls - sig[:, :, 5:])) ** 2).sum())
+    return loss, cost
