@@ -133,6 +133,7 @@ class Options:
     onnx_from: str = "darkpy"           # which exporter feeds onnxruntime (ONNX_EXPORTERS)
     darkpy_as: str = "command"          # "command": the darkpy worker sets what `darkpy` sets; "library"
     contenders: tuple = ("darkpy", "torch", "torch-cl", "onnxruntime")
+    fixed_threads: bool = False         # darkpy runs every layer on `threads` (no per-layer choice)
     tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="darkpy-bench-")))
     log: object = sys.stderr
 
@@ -406,7 +407,8 @@ class Phase:
         self.job = {"cfg": str(spec.cfg), "edits": edits_for(spec, batch), "weights": prep.weights,
                     "spec": prep.spec, "batch": rows, "mode": self.mode, "threads": self.opts.threads,
                     "input": str(inp), "labels": str(labels) if labels else None, "rate": TRAIN_RATE,
-                    "momentum": prep.momentum, "decay": prep.decay, "seq": bool(prep.seq)}
+                    "momentum": prep.momentum, "decay": prep.decay, "seq": bool(prep.seq),
+                    "fixed_threads": self.opts.fixed_threads}
         wanted = self.opts.contenders
         self.kinds = ["darkpy"]
         torch_why = prep.unsupported or (prep.train_unsupported if self.mode == "train" else None)

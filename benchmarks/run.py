@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--onnx-from", choices=sorted(ONNX_EXPORTERS), default="darkpy",
                     help="where onnxruntime's model comes from (default: darkpy's exporter; torch: the "
                          "torch translation, as a cross-check)")
+    ap.add_argument("--fixed-threads", action="store_true",
+                    help="darkpy runs every layer on --threads threads (no per-layer choice; A/B only)")
     ap.add_argument("--darkpy-as", choices=["command", "library"], default="command",
                     help="command: darkpy's worker sets what the `darkpy` command sets for itself (default); "
                          "library: nothing")
@@ -128,12 +130,14 @@ def main(argv: list[str] | None = None) -> int:
                    min_sample_s=0.1 if args.quick else 0.3, warm_s=0.1 if args.quick else 0.3,
                    settle_s=args.settle if args.settle is not None else (0.5 if args.quick else 1.0),
                    max_busy=args.max_busy, infer_batch=args.batch or (QUICK_INFER_BATCH if args.quick else 64),
-                   onnx_from=args.onnx_from, darkpy_as=args.darkpy_as, contenders=contenders)
+                   onnx_from=args.onnx_from, darkpy_as=args.darkpy_as, contenders=contenders,
+                   fixed_threads=args.fixed_threads)
     command = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
     results = {"command": command.strip(), "machine": machine_info(args.threads), "networks": [],
                "options": {"reps": opts.reps, "min_sample_s": opts.min_sample_s, "warm_s": opts.warm_s,
                            "settle_s": opts.settle_s, "max_busy": opts.max_busy, "onnx_from": opts.onnx_from,
-                           "darkpy_as": opts.darkpy_as, "contenders": list(contenders)},
+                           "darkpy_as": opts.darkpy_as, "contenders": list(contenders),
+                           "fixed_threads": opts.fixed_threads},
                "check_logits": True}   # larger batches also compare the logits under a softmax head
     t_start = time.perf_counter()
     try:

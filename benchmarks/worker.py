@@ -129,6 +129,7 @@ class DarkpyRunner:
             warnings.simplefilter("ignore", CfgWarning)
             self.net = Network(doc, batch=job["batch"])
         self.net.load_weights(job["weights"])
+        self.net.thread_plans.enabled = not job.get("fixed_threads", False)
         self.job = job
         self.x = np.load(job["input"])
         self.truth = load_truth(job, self.net.output_layer.outputs, self.net.truths)

@@ -13,7 +13,8 @@ from the second thread depends on the machine, its load, the batch and the input
   and thread count) runs as usual and is not timed (first touches of fresh buffers);
 - the next 2·SAMPLES passes alternate between all threads and one thread for every layer, timing
   each layer;
-- from then on each layer runs on the thread count whose fastest sample was faster.
+- from then on each layer runs on one thread if its fastest one-thread time was clearly
+  lower (below ONE_THREAD_BELOW of its all-thread time), else on all threads.
 
 Results do not depend on the choice: every kernel gives the same bits at any thread count (its work
 is split in blocks fixed by the shape, never by the thread count; tests/test_threadplan.py trains
@@ -30,6 +31,12 @@ import numba
 
 #: Timed passes per arm (all threads, one thread) before a layer's thread count is chosen.
 SAMPLES = 3
+#: A layer moves to one thread only when its fastest one-thread time is below this share of its
+#: fastest all-thread time: a layer whose two times are close keeps all threads, so a noisy sample
+#: cannot move it (on the Zen 5 VM the layers of yolov3-tiny or darknet.cfg at b1 measure within
+#: ~10 % of each other, and choosing them by a plain comparison changed whole passes by ±10 % from
+#: one process to the next; the small networks' layers gain 1.5-3x on one thread).
+ONE_THREAD_BELOW = 0.9
 
 
 class ThreadPlan:
@@ -80,7 +87,8 @@ class ThreadPlan:
                 break
         self.passes += 1
         if self.passes > 2 * SAMPLES:
-            self.choice = [1 if one < many else self.threads for many, one in zip(*self.best)]
+            self.choice = [1 if one < ONE_THREAD_BELOW * many else self.threads
+                           for many, one in zip(*self.best)]
 
 
 class ThreadPlans:
