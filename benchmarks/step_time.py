@@ -9,6 +9,11 @@ wall time (cache and memory-bandwidth sharing remain); with more threads (or --w
 The network gets the suite's input size, random sane weights (benchmarks.engine.sane_weights),
 random input and truth, three warm-up steps, then `--reps` timed steps; it prints the median in ms.
 
+Per-layer threads against every layer on --threads (darkpy/threadplan.py), alternating in one
+process (`--rounds` rounds of `--reps` steps each way; prints the median of each side's round medians):
+
+    python -m benchmarks.step_time shapes-tiny infer 1 --threads 2 --reps 5 --ab-threads --rounds 20
+
 A/B of two trees: run it alternately from each tree's root (PYTHONPATH=<tree>), several rounds, and
 compare the medians of the per-process medians, e.g.
 
@@ -39,6 +44,9 @@ def main(argv=None) -> None:
     ap.add_argument("--wall", action="store_true", help="wall time even with one thread")
     ap.add_argument("--fixed-threads", action="store_true",
                     help="every layer on --threads threads (no per-layer choice, darkpy/threadplan.py)")
+    ap.add_argument("--ab-threads", action="store_true",
+                    help="alternate per-layer threads and --fixed-threads in this process, --rounds times")
+    ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args(argv)
 
     from darkpy.runtime import configure_threads
@@ -54,6 +62,9 @@ def main(argv=None) -> None:
     net.thread_plans.enabled = not args.fixed_threads
     step = make_step(net, x, truth, args.mode == "train")
     warm_up(net, step)
+    if args.ab_threads:
+        _ab_threads(net, step, clock, args)
+        return
     times = []
     for _ in range(args.reps):
         t0 = clock()
@@ -62,6 +73,27 @@ def main(argv=None) -> None:
     kind = "wall" if clock is time.perf_counter else "cpu"
     print(f"{np.median(times) * 1e3:.4f} ms ({kind}, {args.threads} thread(s), min {min(times) * 1e3:.4f}, "
           f"load {os.getloadavg()[0]:.2f})")
+
+
+
+def _ab_threads(net, step, clock, args) -> None:
+    """Rounds of `reps` steps with the network's per-layer thread choice, then with every layer on
+    --threads (sides alternate which goes first); the median of each side's per-round medians."""
+    rounds = {"per-layer": [], "fixed": []}
+    for r in range(args.rounds):
+        for side in (("per-layer", "fixed") if r % 2 == 0 else ("fixed", "per-layer")):
+            net.thread_plans.enabled = side == "per-layer"
+            step()
+            times = []
+            for _ in range(args.reps):
+                t0 = clock()
+                step()
+                times.append(clock() - t0)
+            rounds[side].append(np.median(times))
+    chosen = {k[0]: "".join(map(str, v)) for k, v in net.thread_plans.chosen().items()}
+    print(" ".join(f"{side} {np.median(v) * 1e3:.4f} ms;" for side, v in rounds.items())
+          + f" ({args.threads} thread(s), {args.rounds} rounds of {args.reps}, threads per layer {chosen}, "
+            f"load {os.getloadavg()[0]:.2f})")
 
 
 if __name__ == "__main__":
