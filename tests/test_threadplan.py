@@ -15,6 +15,15 @@ pytestmark = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
                                 reason="needs 2 numba threads (NUMBA_NUM_THREADS < 2 on this machine)")
 
 
+@pytest.fixture(autouse=True)
+def two_threads():
+    """Each test starts on 2 numba threads and leaves the caller's count as it found it."""
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    yield
+    numba.set_num_threads(before)
+
+
 class FakeClock:
     """A clock that a layer's step advances by that layer's cost at numba's current thread count."""
 
@@ -30,54 +39,44 @@ class FakeClock:
 
 
 def test_plan_measures_both_arms_then_keeps_the_faster_per_layer():
-    before = numba.get_num_threads()
-    numba.set_num_threads(2)
-    try:
-        # (time on 2 threads, time on 1): layer 0 gains from the second thread, layer 1 loses, 2 ties
-        # and 3 is only a little faster on one thread (kept on all: ONE_THREAD_BELOW)
-        clock = FakeClock({0: (3.0, 5.0), 1: (4.0, 1.0), 2: (2.0, 2.0), 3: (2.0, 1.9)})
-        plan = ThreadPlan(4, 2, clock=clock)
-        seen = []
+    # (time on 2 threads, time on 1): layer 0 gains from the second thread, layer 1 loses, 2 ties
+    # and 3 is only a little faster on one thread (kept on all: ONE_THREAD_BELOW)
+    clock = FakeClock({0: (3.0, 5.0), 1: (4.0, 1.0), 2: (2.0, 2.0), 3: (2.0, 1.9)})
+    plan = ThreadPlan(4, 2, clock=clock)
+    seen = []
 
-        def step(i):
-            seen.append((plan.passes, i, numba.get_num_threads()))
-            clock.step(i)
+    def step(i):
+        seen.append((plan.passes, i, numba.get_num_threads()))
+        clock.step(i)
 
-        for k in range(2 * SAMPLES + 1):
-            assert plan.choice is None
-            plan.run(range(4), step)
-            assert numba.get_num_threads() == 2          # the caller's count is back after each pass
-        assert ONE_THREAD_BELOW * 2.0 < 1.9 and plan.choice == [2, 1, 2, 2]
-        # pass 0 untimed on all threads, then all threads and one thread in turn
-        arms = [n for p, i, n in seen if i == 0]
-        assert arms == [2] + [2, 1] * SAMPLES
-        assert plan.best == [[3.0, 4.0, 2.0, 2.0], [5.0, 1.0, 2.0, pytest.approx(1.9)]]
-        seen.clear()
+    for _ in range(2 * SAMPLES + 1):
+        assert plan.choice is None
         plan.run(range(4), step)
-        assert [n for _, _, n in seen] == [2, 1, 2, 2] and numba.get_num_threads() == 2
-        # a step that returns True stops the pass
-        seen.clear()
-        plan.run(range(3), lambda i: seen.append(i) or i == 1)
-        assert seen == [0, 1]
-    finally:
-        numba.set_num_threads(before)
+        assert numba.get_num_threads() == 2          # the caller's count is back after each pass
+    assert ONE_THREAD_BELOW * 2.0 < 1.9 and plan.choice == [2, 1, 2, 2]
+    # pass 0 untimed on all threads, then all threads and one thread in turn
+    arms = [n for p, i, n in seen if i == 0]
+    assert arms == [2] + [2, 1] * SAMPLES
+    assert plan.best == [[3.0, 4.0, 2.0, 2.0], [5.0, 1.0, 2.0, pytest.approx(1.9)]]
+    seen.clear()
+    plan.run(range(4), step)
+    assert [n for _, _, n in seen] == [2, 1, 2, 2] and numba.get_num_threads() == 2
+    # a step that returns True stops the pass
+    seen.clear()
+    plan.run(range(3), lambda i: seen.append(i) or i == 1)
+    assert seen == [0, 1]
 
 
 def test_plan_puts_threads_back_when_a_layer_raises():
-    before = numba.get_num_threads()
-    numba.set_num_threads(2)
-    try:
-        plan = ThreadPlan(2, 2)
-        plan.choice = [1, 1]
+    plan = ThreadPlan(2, 2)
+    plan.choice = [1, 1]
 
-        def boom(i):
-            assert numba.get_num_threads() == 1
-            raise ValueError("layer failed")
-        with pytest.raises(ValueError):
-            plan.run(range(2), boom)
-        assert numba.get_num_threads() == 2
-    finally:
-        numba.set_num_threads(before)
+    def boom(i):
+        assert numba.get_num_threads() == 1
+        raise ValueError("layer failed")
+    with pytest.raises(ValueError):
+        plan.run(range(2), boom)
+    assert numba.get_num_threads() == 2
 
 
 #: every family with a parallel kernel that a detector or classifier uses, at sizes above the
@@ -180,36 +179,27 @@ def _train(make, threads: int, plan: str, steps: int):
 def test_training_gives_the_same_bits_on_any_threads_per_layer(name):
     make = ((lambda: network_from_text(NET)) if name == "families"
             else (lambda: load_network(ROOT / "cfg" / "shapes-tiny.cfg", batch=4)))
-    before = numba.get_num_threads()
-    try:
-        steps = 2 * SAMPLES + 3
-        one = _train(make, 1, "off", steps)
-        for plan in ("off", "mixed", "measured"):
-            got = _train(make, 2, plan, steps)
-            assert np.array_equal(one, got), f"{name}: 2 threads, plan {plan} differs from 1 thread"
-    finally:
-        numba.set_num_threads(before)
+    steps = 2 * SAMPLES + 3
+    one = _train(make, 1, "off", steps)
+    for plan in ("off", "mixed", "measured"):
+        got = _train(make, 2, plan, steps)
+        assert np.array_equal(one, got), f"{name}: 2 threads, plan {plan} differs from 1 thread"
 
 
 def test_network_plans_by_pass_kind_and_restores_threads():
-    before = numba.get_num_threads()
-    numba.set_num_threads(2)
-    try:
-        net = network_from_text(NET)
-        x = np.random.default_rng(1).random((net.batch, *net.input_shape), dtype=np.float32)
-        for _ in range(2 * SAMPLES + 1):
-            net.forward(x)
-            assert numba.get_num_threads() == 2
-        chosen = net.thread_plans.chosen()
-        assert list(chosen) == [("forward", False, 8, (3, 48, 48), 2)]
-        assert all(n in (1, 2) for n in chosen[("forward", False, 8, (3, 48, 48), 2)])
-        assert net.thread_plans.settled()
-        net.set_batch(2)                      # another batch is another kind of pass: measured anew
-        net.forward(x[:2])
-        assert not net.thread_plans.settled()
-        numba.set_num_threads(1)              # one thread: no plan at all
-        net.thread_plans.clear()
-        net.forward(x[:2])
-        assert net.thread_plans.chosen() == {}
-    finally:
-        numba.set_num_threads(before)
+    net = network_from_text(NET)
+    x = np.random.default_rng(1).random((net.batch, *net.input_shape), dtype=np.float32)
+    for _ in range(2 * SAMPLES + 1):
+        net.forward(x)
+        assert numba.get_num_threads() == 2
+    chosen = net.thread_plans.chosen()
+    assert list(chosen) == [("forward", False, 8, (3, 48, 48), 2)]
+    assert all(n in (1, 2) for n in chosen[("forward", False, 8, (3, 48, 48), 2)])
+    assert net.thread_plans.settled()
+    net.set_batch(2)                      # another batch is another kind of pass: measured anew
+    net.forward(x[:2])
+    assert not net.thread_plans.settled()
+    numba.set_num_threads(1)              # one thread: no plan at all
+    net.thread_plans.clear()
+    net.forward(x[:2])
+    assert net.thread_plans.chosen() == {}
