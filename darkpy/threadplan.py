@@ -54,23 +54,29 @@ class ThreadPlan:
     def run(self, order: Sequence[int], step: Callable[[int], bool | None]) -> None:
         """`step(i)` for each layer index of `order` (stopping when it returns True), each on its
         layer's thread count; numba's count is `self.threads` again afterwards, even on an error."""
+        if self.choice is not None:
+            self._run_chosen(order, step)
+            return
         try:
-            if self.choice is not None:
-                self._run_chosen(order, step)
-            else:
-                self._run_measured(order, step)
+            self._run_measured(order, step)
         finally:
             numba.set_num_threads(self.threads)
 
     def _run_chosen(self, order, step) -> None:
+        """Switches numba's count only where the choice changes along `order` (a plan that keeps
+        every layer on all threads calls nothing), and puts it back only if it switched."""
         current = self.threads
-        for i in order:
-            want = self.choice[i]
-            if want != current:
-                numba.set_num_threads(want)
-                current = want
-            if step(i):
-                return
+        try:
+            for i in order:
+                want = self.choice[i]
+                if want != current:
+                    numba.set_num_threads(want)
+                    current = want
+                if step(i):
+                    return
+        finally:
+            if current != self.threads:
+                numba.set_num_threads(self.threads)
 
     def _run_measured(self, order, step) -> None:
         timed = self.passes > 0
