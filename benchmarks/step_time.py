@@ -14,6 +14,12 @@ process (`--rounds` rounds of `--reps` steps each way; prints the median of each
 
     python -m benchmarks.step_time shapes-tiny infer 1 --threads 2 --reps 5 --ab-threads --rounds 20
 
+A module setting at two values, alternating in one process the same way, one network built per
+value (settings read when a network allocates, such as the convolution's thresholds, take effect):
+
+    python -m benchmarks.step_time shapes-tiny train 32 --threads 2 --reps 3 --rounds 10 \
+        --ab-setting darkpy.blas.STREAM_MIN_MACS '1<<62' '1<<20'
+
 A/B of two trees: run it alternately from each tree's root (PYTHONPATH=<tree>), several rounds, and
 compare the medians of the per-process medians, e.g.
 
@@ -23,6 +29,8 @@ compare the medians of the per-process medians, e.g.
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
 import os
 import sys
 import time
@@ -46,6 +54,9 @@ def main(argv=None) -> None:
                     help="every layer on --threads threads (no per-layer choice, darkpy/threadplan.py)")
     ap.add_argument("--ab-threads", action="store_true",
                     help="alternate per-layer threads and --fixed-threads in this process, --rounds times")
+    ap.add_argument("--ab-setting", nargs=3, metavar=("MODULE.NAME", "A", "B"),
+                    help="alternate a module setting between values A and B (Python literals or "
+                         "'M<<N'), --rounds times")
     ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args(argv)
 
@@ -58,6 +69,9 @@ def main(argv=None) -> None:
         sys.exit(f"unknown network {args.network!r}; one of: {', '.join(s.name for s in SUITE)}")
     configure_threads(args.threads)
     clock = time.process_time if args.threads == 1 and not args.wall else time.perf_counter
+    if args.ab_setting:
+        _ab_setting(args, clock)
+        return
     net, x, truth = build(args.network, args.batch)
     net.thread_plans.enabled = not args.fixed_threads
     step = make_step(net, x, truth, args.mode == "train")
@@ -74,6 +88,47 @@ def main(argv=None) -> None:
     print(f"{np.median(times) * 1e3:.4f} ms ({kind}, {args.threads} thread(s), min {min(times) * 1e3:.4f}, "
           f"load {os.getloadavg()[0]:.2f})")
 
+
+
+def _value(text: str):
+    """A Python literal, or `M<<N`."""
+    if "<<" in text:
+        m, n = text.split("<<")
+        return int(m) << int(n)
+    return ast.literal_eval(text)
+
+
+def _ab_setting(args, clock) -> None:
+    """Rounds of `reps` steps with the setting at A, then at B (sides alternate which goes first),
+    each side on its own network built with its value; the median of each side's round medians."""
+    from .layer_time import build, make_step, warm_up
+
+    name, a, b = args.ab_setting
+    module_name, attr = name.rsplit(".", 1)
+    module = importlib.import_module(module_name)
+    sides = {}
+    for text in (a, b):
+        setattr(module, attr, _value(text))
+        net, x, truth = build(args.network, args.batch)
+        net.thread_plans.enabled = not args.fixed_threads
+        step = make_step(net, x, truth, args.mode == "train")
+        warm_up(net, step)
+        sides[text] = step
+    rounds = {text: [] for text in sides}
+    for r in range(args.rounds):
+        for text in ((a, b) if r % 2 == 0 else (b, a)):
+            setattr(module, attr, _value(text))
+            sides[text]()
+            times = []
+            for _ in range(args.reps):
+                t0 = clock()
+                sides[text]()
+                times.append(clock() - t0)
+            rounds[text].append(np.median(times))
+    med = {text: np.median(v) for text, v in rounds.items()}
+    print(" ".join(f"{attr}={text}: {m * 1e3:.4f} ms;" for text, m in med.items())
+          + f" B/A {med[b] / med[a]:.3f} ({args.threads} thread(s), {args.rounds} rounds of {args.reps}, "
+            f"load {os.getloadavg()[0]:.2f})")
 
 
 def _ab_threads(net, step, clock, args) -> None:

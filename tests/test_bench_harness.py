@@ -203,3 +203,9 @@ def test_kernel_time_counts_the_parallel_kernels_a_step_calls():
 def test_wake_cost_reports_both_thread_counts():
     out = _run_tool("benchmarks.wake_cost", "--threads", "2", "--calls", "50")
     assert "1 thread(s): back to back median" in out and "2 thread(s): back to back median" in out, out
+
+
+def test_step_time_alternates_a_setting_between_two_values():
+    out = _run_tool("benchmarks.step_time", "digits", "infer", "2", "--reps", "2", "--rounds", "2",
+                    "--ab-setting", "darkpy.blas.STREAM_MIN_MACS", "1<<62", "1<<20")
+    assert "STREAM_MIN_MACS=1<<62:" in out and "STREAM_MIN_MACS=1<<20:" in out and "B/A" in out, out

@@ -49,3 +49,77 @@ def test_unconfigured_is_plain_matmul(monkeypatch):
     monkeypatch.setitem(blas._state, "set", None)
     a = np.ones((3, 4), np.float32)
     assert np.array_equal(blas.matmul(a, a.T), a @ a.T)
+
+
+@pytest.fixture
+def _two_numba_threads():
+    import numba
+    saved = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    yield numba.get_num_threads()
+    numba.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("shapes", [((16, 32, 16), (16, 16, 2048)),     # Winograd's 16 GEMMs
+                                    ((32, 8), (5, 8, 4096)),             # a broadcast matrix
+                                    ((7, 64, 96), (96, 700))])
+def test_streamed_stack_gives_each_matrix_its_own_gemm_bits(shapes, _two_numba_threads):
+    """A stack split into concurrent streams gives, bit for bit, what one matrix product after the
+    other on one BLAS thread gives, and leaves OpenBLAS on the run's count."""
+    if _two_numba_threads < 2 or not _openblas_threads():
+        pytest.skip("needs 2 numba threads and OpenBLAS")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(shapes[0]).astype(np.float32)
+    b = rng.standard_normal(shapes[1]).astype(np.float32)
+    out = np.full(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), np.nan,
+                  np.float32)
+    macs = a.shape[-2] * a.shape[-1] * b.shape[-1]
+    assert macs * out.shape[0] >= blas.STREAM_MIN_MACS and macs < blas.STREAM_MAX_MACS
+    with threadpoolctl.threadpool_limits(limits=2):
+        blas.configure(2)
+        blas._helpers["pool"] = None
+        assert blas.matmul(a, b, out=out) is out
+        assert blas._helpers["pool"] is not None, "the stack was not split"
+        assert set(_openblas_threads()) == {2}
+        with threadpoolctl.threadpool_limits(limits=1):
+            for i in range(out.shape[0]):
+                one = np.matmul(a[i] if a.ndim == 3 else a, b[i] if b.ndim == 3 else b)
+                assert np.array_equal(out[i], one), f"matrix {i}"
+
+
+def test_streams_follow_the_calling_threads_numba_count(_two_numba_threads):
+    """A thread whose numba count is 1 (a layer the thread plan keeps on one thread) computes the
+    stack itself; an error in any stream reaches the caller."""
+    import numba
+    a = np.ones((16, 32, 16), np.float32)
+    b = np.ones((16, 16, 4096), np.float32)
+    blas.configure(2)
+    blas._helpers["pool"] = None
+    numba.set_num_threads(1)
+    blas.matmul(a, b, out=np.empty((16, 32, 4096), np.float32))
+    assert blas._helpers["pool"] is None
+    if _two_numba_threads < 2 or not blas._state["set"]:
+        return
+    numba.set_num_threads(2)
+    with pytest.raises(ValueError):
+        blas.matmul(a, b, out=np.empty((16, 32, 4095), np.float32))
+
+
+def test_switches_numpys_openblas_when_another_package_brought_its_own():
+    """opencv-python's wheel carries its own OpenBLAS; loaded before darkpy finds OpenBLAS, it must
+    not be the only one darkpy switches: numpy's follows every switch too."""
+    pytest.importorskip("cv2")
+    libs = [i for i in threadpoolctl.threadpool_info() if i["internal_api"] == "openblas"]
+    if len(libs) < 2:
+        pytest.skip("only one OpenBLAS loaded")
+    numpy_lib = [i["filepath"] for i in threadpoolctl.threadpool_info(  # the one numpy's matmul calls
+    ) if i["internal_api"] == "openblas" and "numpy" in i["filepath"]]
+    with threadpoolctl.threadpool_limits(limits=2):
+        blas._state["set"] = None
+        blas.configure(2)
+        blas._set(1)
+        counts = {i["filepath"]: i["num_threads"] for i in threadpoolctl.threadpool_info()
+                  if i["internal_api"] == "openblas"}
+        blas._set(2)
+    assert numpy_lib and all(counts[path] == 1 for path in numpy_lib), counts
+    assert set(counts.values()) == {1}, counts

@@ -44,7 +44,7 @@ def _direct_args(kind):
 def _winograd_inputs_args():
     x = np.random.default_rng(1).standard_normal((2, 3, 7, 6)).astype(np.float32)
     th, tw = wg.tiles(7, 6)
-    return np.zeros((16, 3, 2 * th * tw), np.float32), x, 1
+    return np.zeros((16, 3 * 2 * th * tw), np.float32), x, 1
 
 
 def _winograd_outputs_args():

@@ -377,9 +377,10 @@ class ConvolutionalLayer(Layer):
         n, c = w.shape[:2]
         u = _xi_view(0, n, c, self.dtype)
         wg.filters(u, w)
-        for items, v, m in self._winograd_chunks(c, n, y.shape[2:], kept=keep):
-            wg.inputs(v, x[items], pad)
-            blas.matmul(u, v, out=m)          # the 16 GEMMs in one call (numpy loops over ξ)
+        for items, vrows, m in self._winograd_chunks(c, n, y.shape[2:], kept=keep):
+            wg.inputs(vrows, x[items], pad)
+            # the 16 GEMMs in one call (numpy loops over ξ)
+            blas.matmul(u, _as_matrices(vrows, c, m.shape[2]), out=m)
             wg.outputs(y[items], m, add)
 
     def _chunk_tiles(self, out_hw: tuple):
@@ -390,16 +391,16 @@ class ConvolutionalLayer(Layer):
             yield slice(b0, b1), (b1 - b0) * th * tw
 
     def _winograd_chunks(self, c: int, n: int, out_hw: tuple, kept: bool = False):
-        """(item slice, V (16, c, tiles), M (16, n, tiles)) per chunk of `self.wchunk` items,
-        views of the workspace after the 16 (n, c) matrices at its start (U or dU), for an output
-        of out_hw (h, w) per item; V from `vkeep` instead with `kept` (chunk after chunk)."""
+        """(item slice, V's rows (16, c·tiles + XI_PAD), M (16, n, tiles)) per chunk of `self.wchunk`
+        items, views of the workspace after the 16 (n, c) matrices at its start (U or dU), for an
+        output of out_hw (h, w) per item; V from `vkeep` instead with `kept` (chunk after chunk)."""
         off = _xi_size(n, c)
         at = 0
         for items, tiles in self._chunk_tiles(out_hw):
             if kept:
-                v = _xi_view(at, c, tiles, self.dtype, self.vkeep)
+                v = _xi_rows(at, c, tiles, self.dtype, self.vkeep)
             else:
-                v = _xi_view(off, c, tiles, self.dtype)
+                v = _xi_rows(off, c, tiles, self.dtype)
             at += _xi_size(c, tiles)
             yield items, v, _xi_view(off + _xi_size(c, tiles), n, tiles, self.dtype)
 
@@ -410,10 +411,11 @@ class ConvolutionalLayer(Layer):
         WINOGRAD_KEEP_VALUES, else computed again), and Gᵀ dU G added into the gradient."""
         n, c = self.n, self.in_shape[0]
         du = _xi_view(0, n, c, self.dtype)
-        for items, v, dm in self._winograd_chunks(c, n, dy.shape[2:], kept=self._v_kept):
+        for items, vrows, dm in self._winograd_chunks(c, n, dy.shape[2:], kept=self._v_kept):
             if not self._v_kept:
-                wg.inputs(v, x[items], self.padding)
+                wg.inputs(vrows, x[items], self.padding)
             wg.outputs_adjoint(dm, dy[items])
+            v = _as_matrices(vrows, c, dm.shape[2])
             blas.matmul(dm, v.transpose(0, 2, 1), out=du)
             wg.filters_adjoint_add(self.weights.grad, du)
 
@@ -522,13 +524,22 @@ def _xi_size(a: int, b: int) -> int:
     return 16 * (a * b + XI_PAD)
 
 
-def _xi_view(offset: int, a: int, b: int, dtype, buf: np.ndarray | None = None) -> np.ndarray:
-    """16 (a, b) matrices in the shared workspace (or the flat array `buf`) from `offset`, each
-    XI_PAD values after the previous one ends: a (16, a, b) view whose every [ξ] is a BLAS-ready
-    matrix."""
+def _xi_rows(offset: int, a: int, b: int, dtype, buf: np.ndarray | None = None) -> np.ndarray:
+    """The 16 rows (16, a·b + XI_PAD), C-contiguous, of the shared workspace (or of the flat array
+    `buf`) from `offset` that hold 16 (a, b) matrices XI_PAD apart; the form the transform kernels
+    take (`wg.inputs`)."""
     n = _xi_size(a, b)
-    flat = (ic.get((n,), dtype, offset) if buf is None else buf[offset:offset + n]).reshape(16, -1)
-    return flat[:, :a * b].reshape(16, a, b)
+    return (ic.get((n,), dtype, offset) if buf is None else buf[offset:offset + n]).reshape(16, -1)
+
+
+def _xi_view(offset: int, a: int, b: int, dtype, buf: np.ndarray | None = None) -> np.ndarray:
+    """The same 16 matrices as a (16, a, b) view whose every [ξ] is a BLAS-ready matrix."""
+    return _as_matrices(_xi_rows(offset, a, b, dtype, buf), a, b)
+
+
+def _as_matrices(rows: np.ndarray, a: int, b: int) -> np.ndarray:
+    """(16, a, b) matrices of the rows `_xi_rows` returned."""
+    return rows[:, :a * b].reshape(16, a, b)
 
 
 def allocate_bias_bn_act_training(layer) -> None:
