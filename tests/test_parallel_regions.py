@@ -50,7 +50,7 @@ def _winograd_inputs_args():
 def _winograd_outputs_args():
     th, tw = wg.tiles(7, 6)
     m = np.random.default_rng(2).standard_normal((16, 4, 2 * th * tw)).astype(np.float32)
-    return np.zeros((2, 4, 7, 6), np.float32), m, False
+    return np.zeros((2, 4, 7, 6), np.float32), m, False, np.ones(4), np.zeros(4), 0
 
 
 def _f32(*shape, seed=0):
@@ -123,7 +123,7 @@ CASES = {
     "direct forward": (dk._conv_forward_parallel, lambda: _direct_args("forward")),
     "direct weight gradient": (dk._weight_grad_parallel, lambda: _direct_args("wgrad")),
     "winograd inputs": (wg.inputs, _winograd_inputs_args),
-    "winograd outputs": (wg.outputs, _winograd_outputs_args),
+    "winograd outputs": (wg._outputs_parallel, _winograd_outputs_args),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import darkpy.layers.conv_winograd as cw
 import darkpy.layers.convolutional as conv
 from darkpy.kernels import im2col as ic
 from darkpy.kernels import winograd as wg
@@ -99,7 +100,7 @@ def test_layer_winograd_equals_im2col(monkeypatch, padding, bn):
     results = []
     for winograd, chunk, keep in ((False, None, 0), (True, None, 1 << 23), (True, 16 * 12 * 24, 1 << 23),
                                   (True, 16 * 12 * 24, 0)):
-        monkeypatch.setattr(conv, "WINOGRAD_KEEP_VALUES", keep)
+        monkeypatch.setattr(cw, "WINOGRAD_KEEP_VALUES", keep)
         net = _net(monkeypatch, winograd, padding=padding, bn=bn, chunk=chunk)
         layer = net.layers[0]
         if chunk is not None:
@@ -179,14 +180,14 @@ def test_adjoint_kernels(shape):
 def test_winograd_chunk_rule(monkeypatch):
     """Items per chunk: what fits WINOGRAD_CHUNK_VALUES, raised to WINOGRAD_MIN_GEMM_TILES tiles,
     within the batch and the workspace cap."""
-    monkeypatch.setattr(conv, "WINOGRAD_CHUNK_VALUES", 1000)
-    monkeypatch.setattr(conv, "WINOGRAD_MIN_GEMM_TILES", 40)
-    assert conv._winograd_chunk(100, 4, 32) == 10          # fits 10 items (40 tiles)
-    assert conv._winograd_chunk(300, 4, 32) == 10          # fits 3, raised to 40 tiles
-    assert conv._winograd_chunk(300, 4, 6) == 6            # never more than the batch
-    assert conv._winograd_chunk(5000, 100, 8) == 1         # at least one item
+    monkeypatch.setattr(cw, "WINOGRAD_CHUNK_VALUES", 1000)
+    monkeypatch.setattr(cw, "WINOGRAD_MIN_GEMM_TILES", 40)
+    assert cw._winograd_chunk(100, 4, 32) == 10          # fits 10 items (40 tiles)
+    assert cw._winograd_chunk(300, 4, 32) == 10          # fits 3, raised to 40 tiles
+    assert cw._winograd_chunk(300, 4, 6) == 6            # never more than the batch
+    assert cw._winograd_chunk(5000, 100, 8) == 1         # at least one item
     monkeypatch.setattr(ic, "CHUNK_VALUES", 1500)
-    assert conv._winograd_chunk(300, 4, 32) == 5           # the workspace cap wins
+    assert cw._winograd_chunk(300, 4, 32) == 5           # the workspace cap wins
     net = network_from_text(CFG.format(batch=40, h=16, w=16, padding=1, bn=0))
     layer = net.layers[0]
     assert layer.winograd and 1 <= layer.wchunk <= 40
@@ -243,3 +244,37 @@ def test_kept_transform_is_used_only_after_a_training_forward(monkeypatch):
         layer.backward(State(input=x, delta=None, truth=None, train=True, layers=net.layers, net=net))
         grads.append(layer.weights.grad.copy())
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("activation", ["leaky", "linear", "relu", "logistic", "mish", "gelu"])
+@pytest.mark.parametrize("bn,darknet_cpu", [(0, False), (1, False), (1, True)])
+def test_inference_epilogue_gives_the_separate_passes_bits(monkeypatch, activation, bn, darknet_cpu):
+    """An inference forward applies bias or batch norm and the activation to each output plane as
+    Winograd's output transform writes it: the same bits as the transform followed by the separate
+    pass (float32, the batch in chunks; serial and parallel kernels). A training forward keeps the
+    separate pass (its statistics need every plane)."""
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_TILES", 1)
+    monkeypatch.setattr(ic, "CHUNK_VALUES", 16 * 40 * 40)
+    cfg = CFG.replace("activation=leaky", f"activation={activation}")
+    for h in (7, 40):                       # below and above PARALLEL_MIN output values
+        net = network_from_text(cfg.format(batch=3, h=h, w=h, padding=1, bn=bn), dtype=np.float32)
+        layer = net.layers[0]
+        assert layer.winograd and (h == 7 or layer.wchunk < net.batch)
+        layer.darknet_cpu_bn = darknet_cpu
+        rng = np.random.default_rng(h + bn)
+        layer.init_weights(rng)
+        layer.biases.value[...] = rng.standard_normal(layer.n)
+        if bn:
+            layer.bn.rolling_mean[...] = rng.standard_normal(layer.n)
+            layer.bn.rolling_variance[...] = rng.uniform(0.1, 2, layer.n)
+            layer.bn.scales.value[...] = rng.uniform(0.5, 1.5, layer.n)
+        x = rng.uniform(-1, 1, net.input.shape).astype(np.float32)
+        fused = net.forward(x).copy()
+        y = np.empty_like(layer.output).reshape(net.batch, layer.n, h, h)
+        layer._winograd(x.reshape(net.batch, 16, h, h), layer.weights.value, 1, y, add=False)
+        raw = y.copy()
+        conv.forward_bias_bn_act(layer, y.reshape(net.batch, layer.n, -1), False, keep_pre=False)
+        np.testing.assert_array_equal(fused.reshape(y.shape), y)
+        assert not np.array_equal(y, raw)
+        net.forward(x, train=True)           # training: raw product, then the separate pass
+        assert layer._trained

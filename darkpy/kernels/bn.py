@@ -56,7 +56,7 @@ def needs_input(a):
 
 
 @vjit
-def _affine_act_row(row, k, off, a):
+def affine_act_row(row, k, off, a):
     """row: (S,) in place -> act(row·k + off)."""
     n = row.shape[0]
     if a == LINEAR:
@@ -163,7 +163,7 @@ def _bias_act_rows(y, pre, biases, act, keep_pre, bc):
         r = y[b, c]
         for s in range(r.shape[0]):
             p[s] = r[s] + biases[c]
-    _affine_act_row(y[b, c], 1.0, biases[c], act)
+    affine_act_row(y[b, c], 1.0, biases[c], act)
 
 
 @pjit
@@ -334,7 +334,7 @@ def _bn_train_channel(y, xnorm, mean, var, rolling_mean, rolling_var, scales, bi
         for s in range(ns):
             xn[s] = (r[s] - m) * inv
             r[s] = xn[s]
-        _affine_act_row(r, scales[c], biases[c], act)
+        affine_act_row(r, scales[c], biases[c], act)
 
 
 @pjit
@@ -355,15 +355,31 @@ def bn_act_forward_train(y, xnorm, mean, var, rolling_mean, rolling_var, scales,
 
 
 @jit(inline="always")
-def _bn_infer_row(y, rolling_mean, rolling_var, scales, biases, act, darknet_cpu, bc):
-    nc = y.shape[1]
-    c = bc % nc
+def bn_infer_affine(rolling_mean, rolling_var, scales, biases, darknet_cpu, c):
+    """(k, off): inference BN of channel c (rolling statistics) as the affine map x·k + off."""
     if darknet_cpu:
         inv = 1.0 / (math.sqrt(rolling_var[c]) + DARKNET_CPU_EPS)
     else:
         inv = 1.0 / math.sqrt(rolling_var[c] + EPS)
     k = scales[c] * inv
-    _affine_act_row(y[bc // nc, c], k, biases[c] - rolling_mean[c] * k, act)
+    return k, biases[c] - rolling_mean[c] * k
+
+
+@jit(inline="always")
+def _bn_infer_row(y, rolling_mean, rolling_var, scales, biases, act, darknet_cpu, bc):
+    nc = y.shape[1]
+    c = bc % nc
+    k, off = bn_infer_affine(rolling_mean, rolling_var, scales, biases, darknet_cpu, c)
+    affine_act_row(y[bc // nc, c], k, off, act)
+
+
+@jit
+def infer_affine(k, off, rolling_mean, rolling_var, scales, biases, darknet_cpu):
+    """k, off: (C,) float64 outputs, inference BN of every channel as x·k + off (the values
+    `bn_act_forward_infer` uses), for kernels that apply it to their own output as they write it
+    (`affine_act_row`); the rest as there."""
+    for c in range(k.shape[0]):
+        k[c], off[c] = bn_infer_affine(rolling_mean, rolling_var, scales, biases, darknet_cpu, c)
 
 
 @pjit

@@ -35,7 +35,8 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from . import jit, pjit
+from . import PARALLEL_MIN, jit, pjit
+from .bn import affine_act_row
 
 
 def tiles(out_h: int, out_w: int) -> tuple[int, int]:
@@ -52,21 +53,33 @@ def _g_cols(g0, g1, g2):
 
 @pjit
 def filters(u, w):
-    """u: (16, n, c) output, U[ξ] for ξ = 4·i + j; w: (n, c, 3, 3) filters. U = G g Gᵀ."""
+    """u: (16, n, c) output, U[ξ] for ξ = 4·i + j; w: (n, c, 3, 3) filters. U = G g Gᵀ. Serial
+    below PARALLEL_MIN values of U."""
     n, c = w.shape[0], w.shape[1]
-    for nc in prange(n * c):
-        f = nc // c
-        ch = nc % c
-        g = w[f, ch]
-        # G g: column j of g becomes column j of the 4x3 matrix t
-        t00, t10, t20, t30 = _g_cols(g[0, 0], g[1, 0], g[2, 0])
-        t01, t11, t21, t31 = _g_cols(g[0, 1], g[1, 1], g[2, 1])
-        t02, t12, t22, t32 = _g_cols(g[0, 2], g[1, 2], g[2, 2])
-        # (G g) Gᵀ: row i of t becomes row i of U
-        u[0, f, ch], u[1, f, ch], u[2, f, ch], u[3, f, ch] = _g_cols(t00, t01, t02)
-        u[4, f, ch], u[5, f, ch], u[6, f, ch], u[7, f, ch] = _g_cols(t10, t11, t12)
-        u[8, f, ch], u[9, f, ch], u[10, f, ch], u[11, f, ch] = _g_cols(t20, t21, t22)
-        u[12, f, ch], u[13, f, ch], u[14, f, ch], u[15, f, ch] = _g_cols(t30, t31, t32)
+    if 16 * n * c < PARALLEL_MIN:
+        for nc in range(n * c):
+            _filter(u, w, nc)
+    else:
+        for nc in prange(n * c):
+            _filter(u, w, nc)
+
+
+@jit(inline="always")
+def _filter(u, w, nc):
+    """Filter-channel pair nc = f·c + ch of `filters`."""
+    c = w.shape[1]
+    f = nc // c
+    ch = nc % c
+    g = w[f, ch]
+    # G g: column j of g becomes column j of the 4x3 matrix t
+    t00, t10, t20, t30 = _g_cols(g[0, 0], g[1, 0], g[2, 0])
+    t01, t11, t21, t31 = _g_cols(g[0, 1], g[1, 1], g[2, 1])
+    t02, t12, t22, t32 = _g_cols(g[0, 2], g[1, 2], g[2, 2])
+    # (G g) Gᵀ: row i of t becomes row i of U
+    u[0, f, ch], u[1, f, ch], u[2, f, ch], u[3, f, ch] = _g_cols(t00, t01, t02)
+    u[4, f, ch], u[5, f, ch], u[6, f, ch], u[7, f, ch] = _g_cols(t10, t11, t12)
+    u[8, f, ch], u[9, f, ch], u[10, f, ch], u[11, f, ch] = _g_cols(t20, t21, t22)
+    u[12, f, ch], u[13, f, ch], u[14, f, ch], u[15, f, ch] = _g_cols(t30, t31, t32)
 
 
 @jit
@@ -135,54 +148,84 @@ def inputs(v, x, pad):
                     t += 1
 
 
-@pjit
-def outputs(y, m, add):
-    """y: (nb, n, oh, ow) output, written (add=False) or ADDED to (add=True); m: (16, n, nb·th·tw)
-    the transformed products. Each tile is Aᵀ m A, its 2x2 block cropped at the image edge."""
-    nb, n, oh, ow = y.shape
-    th = (oh + 1) // 2
+@jit(inline="always")
+def _output_plane(yf, m, f, t, add):
+    """Output plane yf (oh, ow) of filter f from the tiles t.. of m (`outputs`)."""
+    oh, ow = yf.shape
     tw = (ow + 1) // 2
-    for fb in prange(n * nb):
-        f = fb // nb
-        b = fb % nb
-        yf = y[b, f]
-        t = b * th * tw
-        for ty in range(th):
-            for tx in range(tw):
-                # Aᵀ m: two rows of 4, then (Aᵀ m) A: two columns
-                a0 = m[0, f, t] + m[4, f, t] + m[8, f, t]
-                a1 = m[1, f, t] + m[5, f, t] + m[9, f, t]
-                a2 = m[2, f, t] + m[6, f, t] + m[10, f, t]
-                a3 = m[3, f, t] + m[7, f, t] + m[11, f, t]
-                b0 = m[4, f, t] - m[8, f, t] - m[12, f, t]
-                b1 = m[5, f, t] - m[9, f, t] - m[13, f, t]
-                b2 = m[6, f, t] - m[10, f, t] - m[14, f, t]
-                b3 = m[7, f, t] - m[11, f, t] - m[15, f, t]
-                y00 = a0 + a1 + a2
-                y01 = a1 - a2 - a3
-                y10 = b0 + b1 + b2
-                y11 = b1 - b2 - b3
-                oy = 2 * ty
-                ox = 2 * tx
-                right = ox + 1 < ow
-                below = oy + 1 < oh
-                if add:
-                    yf[oy, ox] += y00
+    for ty in range((oh + 1) // 2):
+        for tx in range(tw):
+            # Aᵀ m: two rows of 4, then (Aᵀ m) A: two columns
+            a0 = m[0, f, t] + m[4, f, t] + m[8, f, t]
+            a1 = m[1, f, t] + m[5, f, t] + m[9, f, t]
+            a2 = m[2, f, t] + m[6, f, t] + m[10, f, t]
+            a3 = m[3, f, t] + m[7, f, t] + m[11, f, t]
+            b0 = m[4, f, t] - m[8, f, t] - m[12, f, t]
+            b1 = m[5, f, t] - m[9, f, t] - m[13, f, t]
+            b2 = m[6, f, t] - m[10, f, t] - m[14, f, t]
+            b3 = m[7, f, t] - m[11, f, t] - m[15, f, t]
+            y00 = a0 + a1 + a2
+            y01 = a1 - a2 - a3
+            y10 = b0 + b1 + b2
+            y11 = b1 - b2 - b3
+            oy = 2 * ty
+            ox = 2 * tx
+            right = ox + 1 < ow
+            below = oy + 1 < oh
+            if add:
+                yf[oy, ox] += y00
+                if right:
+                    yf[oy, ox + 1] += y01
+                if below:
+                    yf[oy + 1, ox] += y10
                     if right:
-                        yf[oy, ox + 1] += y01
-                    if below:
-                        yf[oy + 1, ox] += y10
-                        if right:
-                            yf[oy + 1, ox + 1] += y11
-                else:
-                    yf[oy, ox] = y00
+                        yf[oy + 1, ox + 1] += y11
+            else:
+                yf[oy, ox] = y00
+                if right:
+                    yf[oy, ox + 1] = y01
+                if below:
+                    yf[oy + 1, ox] = y10
                     if right:
-                        yf[oy, ox + 1] = y01
-                    if below:
-                        yf[oy + 1, ox] = y10
-                        if right:
-                            yf[oy + 1, ox + 1] = y11
-                t += 1
+                        yf[oy + 1, ox + 1] = y11
+            t += 1
+
+
+@jit(inline="always")
+def _output_unit(y, m, fb, add, k, off, act):
+    """Plane fb = f·nb + b of `outputs`; then act(plane·k[f] + off[f]) in place when k is not empty."""
+    nb, _, oh, ow = y.shape
+    f = fb // nb
+    b = fb % nb
+    _output_plane(y[b, f], m, f, b * ((oh + 1) // 2) * ((ow + 1) // 2), add)
+    if k.shape[0]:
+        affine_act_row(y[b, f].reshape(oh * ow), k[f], off[f], act)
+
+
+_NO_AFFINE = np.empty(0)
+
+
+def outputs(y, m, add, k=_NO_AFFINE, off=_NO_AFFINE, act=0):
+    """y: (nb, n, oh, ow) output, written (add=False) or ADDED to (add=True); m: (16, n, nb·th·tw)
+    the transformed products. Each tile is Aᵀ m A, its 2x2 block cropped at the image edge.
+    k, off: (n,) float64 (and the activation code `act`), or empty: then each written plane becomes
+    act(y·k + off) right away, while it is in the cache (the inference epilogue; `bn.infer_affine`
+    gives batch norm's k and off, the same values `bn.bn_act_forward_infer` uses, so the result is
+    the same bits as that separate pass). Serial below PARALLEL_MIN output values."""
+    run = _outputs_parallel if y.size >= PARALLEL_MIN else _outputs_serial
+    run(y, m, add, k, off, act)
+
+
+@pjit
+def _outputs_parallel(y, m, add, k, off, act):
+    for fb in prange(y.shape[0] * y.shape[1]):
+        _output_unit(y, m, fb, add, k, off, act)
+
+
+@jit
+def _outputs_serial(y, m, add, k, off, act):
+    for fb in range(y.shape[0] * y.shape[1]):
+        _output_unit(y, m, fb, add, k, off, act)
 
 
 # ---- adjoints, for the weight gradient: dU[ξ] = dM[ξ] @ V[ξ]ᵀ between them ----------------------
@@ -234,27 +277,38 @@ def _gt_row(a0, a1, a2, a3):
 @pjit
 def filters_adjoint_add(dw, du):
     """dw: (n, c, 3, 3) weight gradient, ADDED to: Gᵀ dU G per filter (the adjoint of `filters`);
-    du: (16, n, c)."""
+    du: (16, n, c). Serial below PARALLEL_MIN values of dU."""
     n, c = dw.shape[0], dw.shape[1]
-    for nc in prange(n * c):
-        f = nc // c
-        ch = nc % c
-        # Gᵀ dU: each column j of the 4x4 dU to 3 values, rows t_i
-        t00, t10, t20 = _gt_row(du[0, f, ch], du[4, f, ch], du[8, f, ch], du[12, f, ch])
-        t01, t11, t21 = _gt_row(du[1, f, ch], du[5, f, ch], du[9, f, ch], du[13, f, ch])
-        t02, t12, t22 = _gt_row(du[2, f, ch], du[6, f, ch], du[10, f, ch], du[14, f, ch])
-        t03, t13, t23 = _gt_row(du[3, f, ch], du[7, f, ch], du[11, f, ch], du[15, f, ch])
-        # (Gᵀ dU) G: each row to 3 values
-        g = dw[f, ch]
-        a, b_, c_ = _gt_row(t00, t01, t02, t03)
-        g[0, 0] += a
-        g[0, 1] += b_
-        g[0, 2] += c_
-        a, b_, c_ = _gt_row(t10, t11, t12, t13)
-        g[1, 0] += a
-        g[1, 1] += b_
-        g[1, 2] += c_
-        a, b_, c_ = _gt_row(t20, t21, t22, t23)
-        g[2, 0] += a
-        g[2, 1] += b_
-        g[2, 2] += c_
+    if 16 * n * c < PARALLEL_MIN:
+        for nc in range(n * c):
+            _filter_adjoint_add(dw, du, nc)
+    else:
+        for nc in prange(n * c):
+            _filter_adjoint_add(dw, du, nc)
+
+
+@jit(inline="always")
+def _filter_adjoint_add(dw, du, nc):
+    """Filter-channel pair nc = f·c + ch of `filters_adjoint_add`."""
+    c = dw.shape[1]
+    f = nc // c
+    ch = nc % c
+    # Gᵀ dU: each column j of the 4x4 dU to 3 values, rows t_i
+    t00, t10, t20 = _gt_row(du[0, f, ch], du[4, f, ch], du[8, f, ch], du[12, f, ch])
+    t01, t11, t21 = _gt_row(du[1, f, ch], du[5, f, ch], du[9, f, ch], du[13, f, ch])
+    t02, t12, t22 = _gt_row(du[2, f, ch], du[6, f, ch], du[10, f, ch], du[14, f, ch])
+    t03, t13, t23 = _gt_row(du[3, f, ch], du[7, f, ch], du[11, f, ch], du[15, f, ch])
+    # (Gᵀ dU) G: each row to 3 values
+    g = dw[f, ch]
+    a, b_, c_ = _gt_row(t00, t01, t02, t03)
+    g[0, 0] += a
+    g[0, 1] += b_
+    g[0, 2] += c_
+    a, b_, c_ = _gt_row(t10, t11, t12, t13)
+    g[1, 0] += a
+    g[1, 1] += b_
+    g[1, 2] += c_
+    a, b_, c_ = _gt_row(t20, t21, t22, t23)
+    g[2, 0] += a
+    g[2, 1] += b_
+    g[2, 2] += c_

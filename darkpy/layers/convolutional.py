@@ -34,6 +34,7 @@ from ..kernels import im2col as ic
 from ..kernels import winograd as wg
 from ..memory import param_ones, param_zeros
 from .base import Layer, Param, State, fmt_shape, register
+from .conv_winograd import WinogradConv
 
 #: Per-item multiply-adds (n/g · c/g·k·k · oh·ow) from which a batch's items are put side by side
 #: into one GEMM (`ConvolutionalLayer.wide`); below it numpy's stacked matmul (one GEMM per item).
@@ -50,31 +51,10 @@ WIDE_GEMM_ONLY_MAX_S = 128
 WINOGRAD = True
 WINOGRAD_MIN_TILES = 128
 WINOGRAD_MIN_CHANNELS = 16
-#: Batch items per Winograd chunk: as many as keep V and M (the transformed input and product) within
-#: WINOGRAD_CHUNK_VALUES (16 MiB in float32, half of im2col's CHUNK_VALUES), so that the 16 GEMMs
-#: read V while it is still in a cache level (shapes-tiny training 0.93x time at 1<<20 against the whole
-#: batch at once, on a 2-core Zen 4), but at least WINOGRAD_MIN_GEMM_TILES tiles, so the GEMMs stay
-#: wide enough for BLAS (cifar at b64 was 1.15x slower with one 196-tile item per chunk). Each chunk
-#: starts two parallel regions, and where waking the workers is dear (66 µs on a 2-core Zen 5 VM)
-#: fewer chunks win: there 1<<22 against 1<<20 took 0.76-0.85x the time of a shapes-tiny b64
-#: forward, 0.76-0.85x of its b32 training step, 0.94-1.09x of cifar b64 and 0.92-0.98x of
-#: yolov3-tiny b16 (two rounds each, 2 threads, OpenBLAS's Haswell kernels as that machine's shell
-#: pinned them); 1<<24 was no better than 1<<22.
-WINOGRAD_CHUNK_VALUES = 1 << 22
-WINOGRAD_MIN_GEMM_TILES = 256
-#: A training forward keeps the Winograd transform of its input, V (16 values per 2x2 tile and
-#: channel, about 4x the input), for the weight gradient, which otherwise transforms the same input
-#: again, when the whole batch's V has at most this many values (32 MiB in float32): small layers
-#: and batches (digits, shapes-tiny); larger ones recompute it rather than hold it.
-WINOGRAD_KEEP_VALUES = 1 << 23
 #: Direct convolution (kernels/direct.py) for layers with at most 4 input channels and 32 filters
 #: (first layers): no im2col matrix, in the forward pass and the weight gradient (the input
 #: gradient, which a first layer never computes, stays im2col's). False: always im2col + GEMM.
 DIRECT = True
-
-#: Padding (values) between the 16 matrices of a Winograd buffer: with it the 16 streams a transform
-#: reads or writes are not a power of two apart, which made them collide in the cache (measured 3x).
-XI_PAD = 16
 
 #: Keys that switch on behaviour darkpy does not implement; a non-zero value is an error.
 UNSUPPORTED_KEYS = {
@@ -120,7 +100,7 @@ class BatchNormParams:
 
 
 @register
-class ConvolutionalLayer(Layer):
+class ConvolutionalLayer(WinogradConv, Layer):
     kind = "convolutional"
     aliases = ("conv",)
     needs_image = True
@@ -253,15 +233,7 @@ class ConvolutionalLayer(Layer):
         self.direct = not self.winograd and DIRECT and dk.supports(
             self.in_shape[0], self.n, self.size, self.groups, self.dilation)
         if self.winograd:
-            c, n = self.in_shape[0], self.n
-            # tiles of the forward's output, or of backward's (the input's size): the larger
-            th, tw = max(wg.tiles(*self.out_shape[1:]), wg.tiles(*self.in_shape[1:]))
-            # per item: V (c x tiles) and M (n x tiles), 16 of each; backward swaps c and n
-            self.wchunk = _winograd_chunk(16 * th * tw * (c + n), th * tw, batch)
-            tiles = self.wchunk * th * tw
-            ic.reserve(_xi_size(n, c) + _xi_size(max(c, n), tiles) * 2, self.dtype)
-            kept = sum(_xi_size(c, t) for _, t in self._chunk_tiles(self.out_shape[1:]))
-            self._vkeep_values = kept if kept <= WINOGRAD_KEEP_VALUES else 0
+            self._winograd_allocate(batch)
         self._trained = False
 
     def _use_winograd(self, batch: int) -> bool:
@@ -341,11 +313,11 @@ class ConvolutionalLayer(Layer):
         _, oh, ow = self.out_shape
         x = s.input.reshape(self.batch, *self.in_shape)
         y = self.output.reshape(self.batch, self.n, oh * ow)
-        self._v_kept = False
+        self._v_kept = self._fused = False
         if self.winograd:
             keep = s.train and self.vkeep.size > 0
             self._winograd(x, self.weights.value, self.padding, y.reshape(self.batch, self.n, oh, ow),
-                           add=False, keep=keep)
+                           add=False, keep=keep, epilogue=self._epilogue(s.train))
             self._v_kept = keep
         elif self.direct:
             dk.conv_forward(y.reshape(self.batch, self.n, oh, ow), x, self.weights.value,
@@ -365,59 +337,8 @@ class ConvolutionalLayer(Layer):
                 ic.rows_to_items(yg, out.reshape(out.shape[0], yg.shape[0], -1))
         if s.train:
             self.allocate_training()         # a no-op once they exist (the network sizes them)
-        forward_bias_bn_act(self, y, s.train, keep_pre=s.train)
-
-    def _winograd(self, x: np.ndarray, w: np.ndarray, pad: int, y: np.ndarray, add: bool,
-                  keep: bool = False) -> None:
-        """y (B, n', oh', ow') = (or +=) the 3x3 stride-1 correlation of x (B, c', h', w') with the
-        filters w (n', c', 3, 3) and padding `pad`, by Winograd F(2x2, 3x3), `self.wchunk` items at
-        a time. Forward: x the input, w the weights. Backward: x the delta, w the weights flipped
-        and transposed, pad 2 − padding, y the previous delta. `keep`: the transformed input goes
-        to `vkeep` (for the weight gradient) instead of the workspace."""
-        n, c = w.shape[:2]
-        u = _xi_view(0, n, c, self.dtype)
-        wg.filters(u, w)
-        for items, vrows, m in self._winograd_chunks(c, n, y.shape[2:], kept=keep):
-            wg.inputs(vrows, x[items], pad)
-            # the 16 GEMMs in one call (numpy loops over ξ)
-            blas.matmul(u, _as_matrices(vrows, c, m.shape[2]), out=m)
-            wg.outputs(y[items], m, add)
-
-    def _chunk_tiles(self, out_hw: tuple):
-        """(item slice, tiles) of each Winograd chunk for an output of out_hw (h, w) per item."""
-        th, tw = wg.tiles(*out_hw)
-        for b0 in range(0, self.batch, self.wchunk):
-            b1 = min(b0 + self.wchunk, self.batch)
-            yield slice(b0, b1), (b1 - b0) * th * tw
-
-    def _winograd_chunks(self, c: int, n: int, out_hw: tuple, kept: bool = False):
-        """(item slice, V's rows (16, c·tiles + XI_PAD), M (16, n, tiles)) per chunk of `self.wchunk`
-        items, views of the workspace after the 16 (n, c) matrices at its start (U or dU), for an
-        output of out_hw (h, w) per item; V from `vkeep` instead with `kept` (chunk after chunk)."""
-        off = _xi_size(n, c)
-        at = 0
-        for items, tiles in self._chunk_tiles(out_hw):
-            if kept:
-                v = _xi_rows(at, c, tiles, self.dtype, self.vkeep)
-            else:
-                v = _xi_rows(off, c, tiles, self.dtype)
-            at += _xi_size(c, tiles)
-            yield items, v, _xi_view(off + _xi_size(c, tiles), n, tiles, self.dtype)
-
-    def _winograd_weight_grad(self, x: np.ndarray, dy: np.ndarray) -> None:
-        """weights.grad += the gradient of the Winograd forward, exactly the convolution's: per
-        chunk, dM = A dY Aᵀ per tile (dy (B, n, oh, ow)), the 16 GEMMs dU[ξ] = dM[ξ] @ V[ξ]ᵀ with V
-        the input's transform (x (B, c, h, w); kept by the training forward when it fits
-        WINOGRAD_KEEP_VALUES, else computed again), and Gᵀ dU G added into the gradient."""
-        n, c = self.n, self.in_shape[0]
-        du = _xi_view(0, n, c, self.dtype)
-        for items, vrows, dm in self._winograd_chunks(c, n, dy.shape[2:], kept=self._v_kept):
-            if not self._v_kept:
-                wg.inputs(vrows, x[items], self.padding)
-            wg.outputs_adjoint(dm, dy[items])
-            v = _as_matrices(vrows, c, dm.shape[2])
-            blas.matmul(dm, v.transpose(0, 2, 1), out=du)
-            wg.filters_adjoint_add(self.weights.grad, du)
+        if not self._fused:
+            forward_bias_bn_act(self, y, s.train, keep_pre=s.train)
 
     def backward(self, s: State) -> None:
         _, oh, ow = self.out_shape
@@ -510,36 +431,6 @@ class ConvolutionalLayer(Layer):
         return (f"conv  {filters} {self.size:2d} x{self.size:2d} /{stride}{dil}  "
                 f"{fmt_shape(self.in_shape)}   ->  {fmt_shape(self.out_shape)}  "
                 f"{self.flops() / 1e9:5.3f} BFLOPs")
-
-
-def _winograd_chunk(per_item: int, tiles: int, batch: int) -> int:
-    """Items per Winograd chunk for `per_item` values of V and M and `tiles` tiles per item."""
-    fit = WINOGRAD_CHUNK_VALUES // per_item
-    wide = -(-WINOGRAD_MIN_GEMM_TILES // tiles)
-    return max(1, min(batch, max(fit, wide), ic.CHUNK_VALUES // per_item))
-
-
-def _xi_size(a: int, b: int) -> int:
-    """Workspace values of 16 (a, b) matrices XI_PAD apart (see `_xi_view`)."""
-    return 16 * (a * b + XI_PAD)
-
-
-def _xi_rows(offset: int, a: int, b: int, dtype, buf: np.ndarray | None = None) -> np.ndarray:
-    """The 16 rows (16, a·b + XI_PAD), C-contiguous, of the shared workspace (or of the flat array
-    `buf`) from `offset` that hold 16 (a, b) matrices XI_PAD apart; the form the transform kernels
-    take (`wg.inputs`)."""
-    n = _xi_size(a, b)
-    return (ic.get((n,), dtype, offset) if buf is None else buf[offset:offset + n]).reshape(16, -1)
-
-
-def _xi_view(offset: int, a: int, b: int, dtype, buf: np.ndarray | None = None) -> np.ndarray:
-    """The same 16 matrices as a (16, a, b) view whose every [ξ] is a BLAS-ready matrix."""
-    return _as_matrices(_xi_rows(offset, a, b, dtype, buf), a, b)
-
-
-def _as_matrices(rows: np.ndarray, a: int, b: int) -> np.ndarray:
-    """(16, a, b) matrices of the rows `_xi_rows` returned."""
-    return rows[:, :a * b].reshape(16, a, b)
 
 
 def allocate_bias_bn_act_training(layer) -> None:
