@@ -37,7 +37,7 @@ def _direct_args(kind):
     y = np.zeros((2, 4, 9, 8), np.float32)
     rows = dk.block_rows(9, 8, 3, 1)
     if kind == "forward":
-        return y, x, w, 1, 1, 1, rows
+        return y, x, w, 1, 1, 1, rows, np.ones(4), np.zeros(4), 0
     return np.zeros_like(w), x, rng.standard_normal(y.shape).astype(np.float32), 1, 1, 1, rows
 
 

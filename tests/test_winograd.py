@@ -244,37 +244,3 @@ def test_kept_transform_is_used_only_after_a_training_forward(monkeypatch):
         layer.backward(State(input=x, delta=None, truth=None, train=True, layers=net.layers, net=net))
         grads.append(layer.weights.grad.copy())
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-12, atol=1e-12)
-
-
-@pytest.mark.parametrize("activation", ["leaky", "linear", "relu", "logistic", "mish", "gelu"])
-@pytest.mark.parametrize("bn,darknet_cpu", [(0, False), (1, False), (1, True)])
-def test_inference_epilogue_gives_the_separate_passes_bits(monkeypatch, activation, bn, darknet_cpu):
-    """An inference forward applies bias or batch norm and the activation to each output plane as
-    Winograd's output transform writes it: the same bits as the transform followed by the separate
-    pass (float32, the batch in chunks; serial and parallel kernels). A training forward keeps the
-    separate pass (its statistics need every plane)."""
-    monkeypatch.setattr(conv, "WINOGRAD_MIN_TILES", 1)
-    monkeypatch.setattr(ic, "CHUNK_VALUES", 16 * 40 * 40)
-    cfg = CFG.replace("activation=leaky", f"activation={activation}")
-    for h in (7, 40):                       # below and above PARALLEL_MIN output values
-        net = network_from_text(cfg.format(batch=3, h=h, w=h, padding=1, bn=bn), dtype=np.float32)
-        layer = net.layers[0]
-        assert layer.winograd and (h == 7 or layer.wchunk < net.batch)
-        layer.darknet_cpu_bn = darknet_cpu
-        rng = np.random.default_rng(h + bn)
-        layer.init_weights(rng)
-        layer.biases.value[...] = rng.standard_normal(layer.n)
-        if bn:
-            layer.bn.rolling_mean[...] = rng.standard_normal(layer.n)
-            layer.bn.rolling_variance[...] = rng.uniform(0.1, 2, layer.n)
-            layer.bn.scales.value[...] = rng.uniform(0.5, 1.5, layer.n)
-        x = rng.uniform(-1, 1, net.input.shape).astype(np.float32)
-        fused = net.forward(x).copy()
-        y = np.empty_like(layer.output).reshape(net.batch, layer.n, h, h)
-        layer._winograd(x.reshape(net.batch, 16, h, h), layer.weights.value, 1, y, add=False)
-        raw = y.copy()
-        conv.forward_bias_bn_act(layer, y.reshape(net.batch, layer.n, -1), False, keep_pre=False)
-        np.testing.assert_array_equal(fused.reshape(y.shape), y)
-        assert not np.array_equal(y, raw)
-        net.forward(x, train=True)           # training: raw product, then the separate pass
-        assert layer._trained

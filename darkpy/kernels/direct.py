@@ -27,6 +27,7 @@ import numpy as np
 from numba import prange
 
 from . import PARALLEL_MIN
+from .bn import affine_act_row
 
 #: Groups of row blocks whose weight-gradient partial sums are added in order at the end.
 WGRAD_GROUPS = 16
@@ -218,8 +219,8 @@ def _forward_plan(y, w, sy, sx, rows):
 
 
 @_jit
-def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw):
-    """Row block t (item t // nblk) of `conv_forward`."""
+def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act):
+    """Row block t (item t // nblk) of `conv_forward`, then its epilogue when k is not empty."""
     oy0 = (t % nblk) * rows
     n = min(rows, y.shape[2] - oy0)
     _fill(pf, x, t // nblk, oy0, n, sy, sx, pad, w.shape[2], lw)
@@ -227,32 +228,41 @@ def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw):
         _forward_block3(y, pf, acc, w, t // nblk, oy0, n, sy, sx, lw)
     else:
         _forward_block(y, pf, acc, w, t // nblk, oy0, n, sy, sx, lw)
+    if k.shape[0]:
+        OH, OW = y.shape[2], y.shape[3]
+        for f in range(y.shape[1]):
+            affine_act_row(y[t // nblk, f].reshape(OH * OW)[oy0 * OW:(oy0 + n) * OW], k[f], off[f], act)
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
-def _conv_forward_serial(y, x, w, sy, sx, pad, rows):
+def _conv_forward_serial(y, x, w, sy, sx, pad, rows, k, off, act):
     lw, nblk, npf, nacc = _forward_plan(y, w, sy, sx, rows)
     pf = np.empty(npf, y.dtype)
     acc = np.empty(nacc, y.dtype)
     for t in range(y.shape[0] * nblk):
-        _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw)
+        _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
-def _conv_forward_parallel(y, x, w, sy, sx, pad, rows):
+def _conv_forward_parallel(y, x, w, sy, sx, pad, rows, k, off, act):
     lw, nblk, npf, nacc = _forward_plan(y, w, sy, sx, rows)
     for t in prange(y.shape[0] * nblk):
         pf = np.empty(npf, y.dtype)
         acc = np.empty(nacc, y.dtype)
-        _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw)
+        _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act)
 
 
-def conv_forward(y, x, w, sy, sx, pad, rows):
+_NO_AFFINE = np.empty(0)
+
+
+def conv_forward(y, x, w, sy, sx, pad, rows, k=_NO_AFFINE, off=_NO_AFFINE, act=0):
     """y: (B, N, OH, OW) := the correlation of x (B, C, H, W) with w (N, C, k, k), stride (sy, sx),
     zero padding `pad` on every side, `rows` output rows per block (`block_rows`). Serial below
-    PARALLEL_MIN output values."""
+    PARALLEL_MIN output values. k, off: (N,) float64 (and the activation code `act`), or empty:
+    then each block's rows of every filter f become act(y·k[f] + off[f]) as soon as they are
+    written (the inference epilogue, as `winograd.outputs`'s)."""
     run = _conv_forward_serial if y.size < PARALLEL_MIN else _conv_forward_parallel
-    run(y, x, w, sy, sx, pad, rows)
+    run(y, x, w, sy, sx, pad, rows, k, off, act)
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_fast)   # not inlined: it would lose fastmath

@@ -1,6 +1,5 @@
 """The Winograd path of `[convolutional]` layers: how a batch is cut into chunks of items, the
-transforms (kernels/winograd.py) and the 16 GEMMs between them, the weight gradient, and the
-inference epilogue (bias or batch norm and the activation applied as each output plane is written).
+transforms (kernels/winograd.py) and the 16 GEMMs between them, and the weight gradient.
 
 `ConvolutionalLayer` (layers/convolutional.py) chooses the path (`_use_winograd`) and inherits
 `WinogradConv`'s methods. The transformed filters U (16 matrices n x c) sit at the start of the
@@ -14,8 +13,6 @@ from __future__ import annotations
 import numpy as np
 
 from .. import blas
-from ..kernels import activations as act
-from ..kernels import bn as bnk
 from ..kernels import im2col as ic
 from ..kernels import winograd as wg
 
@@ -36,10 +33,6 @@ WINOGRAD_MIN_GEMM_TILES = 256
 #: again, when the whole batch's V has at most this many values (32 MiB in float32): small layers
 #: and batches (digits, shapes-tiny); larger ones recompute it rather than hold it.
 WINOGRAD_KEEP_VALUES = 1 << 23
-#: An inference forward applies bias or batch norm and the activation to each output plane as the
-#: output transform writes it, while it is in the cache, instead of in a separate pass over the
-#: whole output (the same bits: `inference_epilogue`). False: always the separate pass.
-FUSED_EPILOGUE = True
 #: Padding (values) between the 16 matrices of a Winograd buffer: with it the 16 streams a transform
 #: reads or writes are not a power of two apart, which made them collide in the cache (measured 3x).
 XI_PAD = 16
@@ -60,12 +53,6 @@ class WinogradConv:
         ic.reserve(_xi_size(n, c) + _xi_size(max(c, n), tiles) * 2, self.dtype)
         kept = sum(_xi_size(c, t) for _, t in self._chunk_tiles(self.out_shape[1:]))
         self._vkeep_values = kept if kept <= WINOGRAD_KEEP_VALUES else 0
-        self.affine = np.empty((2, n))          # `inference_epilogue`'s k and off
-
-    def _epilogue(self, train: bool) -> tuple:
-        """`inference_epilogue` for the Winograd output transform, or () for the separate pass."""
-        self._fused = self.winograd and not train and FUSED_EPILOGUE
-        return inference_epilogue(self) if self._fused else ()
 
     def _winograd(self, x: np.ndarray, w: np.ndarray, pad: int, y: np.ndarray, add: bool,
                   keep: bool = False, epilogue: tuple = ()) -> None:
@@ -119,23 +106,6 @@ class WinogradConv:
             v = _as_matrices(vrows, c, dm.shape[2])
             blas.matmul(dm, v.transpose(0, 2, 1), out=du)
             wg.filters_adjoint_add(self.weights.grad, du)
-
-
-def inference_epilogue(layer) -> tuple:
-    """(k, off, activation code) for a kernel that finishes an inference forward itself, as it
-    writes each output plane: act(raw·k + off) with k, off (C,) float64 the very values the
-    separate pass (`forward_bias_bn_act` of layers/convolutional.py) computes, so the same bits.
-    Marks the forward as an inference one, as that pass would."""
-    layer._trained = False
-    k, off = layer.affine
-    if layer.bn is None:
-        k[:] = 1.0
-        off[:] = layer.biases.value
-    else:
-        bn = layer.bn
-        bnk.infer_affine(k, off, bn.rolling_mean, bn.rolling_variance, bn.scales.value,
-                         layer.biases.value, layer.darknet_cpu_bn)
-    return k, off, act.kernel_code(layer.act, layer.dtype)
 
 
 def _winograd_chunk(per_item: int, tiles: int, batch: int) -> int:

@@ -51,6 +51,10 @@ WIDE_GEMM_ONLY_MAX_S = 128
 WINOGRAD = True
 WINOGRAD_MIN_TILES = 128
 WINOGRAD_MIN_CHANNELS = 16
+#: An inference forward on the Winograd or direct path applies bias or batch norm and the activation
+#: to each block of output it writes, while it is in the cache, instead of in a separate pass over
+#: the whole output (the same bits: `inference_epilogue`). False: always the separate pass.
+FUSED_EPILOGUE = True
 #: Direct convolution (kernels/direct.py) for layers with at most 4 input channels and 32 filters
 #: (first layers): no im2col matrix, in the forward pass and the weight gradient (the input
 #: gradient, which a first layer never computes, stays im2col's). False: always im2col + GEMM.
@@ -234,7 +238,14 @@ class ConvolutionalLayer(WinogradConv, Layer):
             self.in_shape[0], self.n, self.size, self.groups, self.dilation)
         if self.winograd:
             self._winograd_allocate(batch)
+        self.affine = np.empty((2, self.n))     # `inference_epilogue`'s k and off
         self._trained = False
+
+    def _epilogue(self, train: bool) -> tuple:
+        """`inference_epilogue` for a kernel that writes the output (Winograd's output transform,
+        the direct convolution), or () for the separate pass."""
+        self._fused = (self.winograd or self.direct) and not train and FUSED_EPILOGUE
+        return inference_epilogue(self) if self._fused else ()
 
     def _use_winograd(self, batch: int) -> bool:
         """3x3, stride 1, no dilation or groups, padding <= 2 (so backward's padding 2 − p is one
@@ -322,7 +333,7 @@ class ConvolutionalLayer(WinogradConv, Layer):
         elif self.direct:
             dk.conv_forward(y.reshape(self.batch, self.n, oh, ow), x, self.weights.value,
                             self.stride_y, self.stride_x, self.padding,
-                            dk.block_rows(oh, ow, self.size, self.stride_x))
+                            dk.block_rows(oh, ow, self.size, self.stride_x), *self._epilogue(s.train))
         wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
         for items, j, cin, fout in ([] if self.winograd or self.direct else self._chunks()):
             col = self._columns(x[items, cin])
@@ -464,6 +475,23 @@ def forward_bias_bn_act(layer, y: np.ndarray, train: bool, keep_pre: bool = True
     else:
         bnk.bn_act_forward_infer(y, bn.rolling_mean, bn.rolling_variance, bn.scales.value,
                                  layer.biases.value, a, layer.darknet_cpu_bn)
+
+
+def inference_epilogue(layer) -> tuple:
+    """(k, off, activation code) for a kernel that finishes an inference forward itself, as it
+    writes each output plane: act(raw·k + off) with k, off (C,) float64 the very values the
+    separate pass (`forward_bias_bn_act`) computes, so the same bits.
+    Marks the forward as an inference one, as that pass would."""
+    layer._trained = False
+    k, off = layer.affine
+    if layer.bn is None:
+        k[:] = 1.0
+        off[:] = layer.biases.value
+    else:
+        bn = layer.bn
+        bnk.infer_affine(k, off, bn.rolling_mean, bn.rolling_variance, bn.scales.value,
+                         layer.biases.value, layer.darknet_cpu_bn)
+    return k, off, act.kernel_code(layer.act, layer.dtype)
 
 
 def backward_bias_bn_act(layer, d: np.ndarray, y: np.ndarray) -> None:

@@ -1,0 +1,73 @@
+"""The inference epilogue (layers/convolutional.py: `inference_epilogue`): on the Winograd and the
+direct paths an inference forward applies bias or batch norm and the activation to each block of
+output as the kernel writes it; the result must be the same bits as the separate pass
+(`FUSED_EPILOGUE = False`), for every activation family, with and without batch norm, pjreddie's
+CPU batch norm, the batch in chunks, and the kernels' serial and parallel branches."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import darkpy.layers.convolutional as conv
+from darkpy.kernels import PARALLEL_MIN
+from darkpy.kernels import im2col as ic
+from darkpy.network import network_from_text
+
+CFG = """[net]
+batch=3
+height={h}
+width={h}
+channels={c}
+[convolutional]
+filters={n}
+size=3
+stride={s}
+pad=1
+batch_normalize={bn}
+activation={activation}
+"""
+#: path -> (input channels, filters, stride)
+PATHS = {"winograd": (16, 8, 1), "direct": (3, 6, 1), "direct stride 2": (2, 32, 2)}
+
+
+def _forward(monkeypatch, path, fused, h, bn, darknet_cpu, activation, seed):
+    c, n, s = PATHS[path]
+    monkeypatch.setattr(conv, "FUSED_EPILOGUE", fused)
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_TILES", 1)
+    monkeypatch.setattr(ic, "CHUNK_VALUES", 16 * 40 * 40)     # several Winograd chunks at 40x40
+    net = network_from_text(CFG.format(h=h, c=c, n=n, s=s, bn=bn, activation=activation),
+                            dtype=np.float32)
+    layer = net.layers[0]
+    assert (layer.winograd, layer.direct) == (path == "winograd", path != "winograd")
+    layer.darknet_cpu_bn = darknet_cpu
+    rng = np.random.default_rng(seed)
+    layer.init_weights(rng)
+    layer.biases.value[...] = rng.standard_normal(n)
+    if bn:
+        layer.bn.rolling_mean[...] = rng.standard_normal(n)
+        layer.bn.rolling_variance[...] = rng.uniform(0.1, 2, n)
+        layer.bn.scales.value[...] = rng.uniform(0.5, 1.5, n)
+    assert (layer.output.size >= PARALLEL_MIN) == (h > 7)
+    out = net.forward(rng.uniform(-1, 1, net.input.shape).astype(np.float32)).copy()
+    assert layer._fused is fused and not layer._trained
+    return out
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("activation", ["leaky", "linear", "relu", "logistic", "mish", "gelu"])
+@pytest.mark.parametrize("bn,darknet_cpu", [(0, False), (1, False), (1, True)])
+def test_fused_epilogue_gives_the_separate_passes_bits(monkeypatch, path, activation, bn, darknet_cpu):
+    for h in (7, 48):                       # below and above PARALLEL_MIN output values
+        args = (h, bn, darknet_cpu, activation, h + bn)
+        fused = _forward(monkeypatch, path, True, *args)
+        np.testing.assert_array_equal(fused, _forward(monkeypatch, path, False, *args))
+
+
+def test_training_forward_keeps_the_separate_pass(monkeypatch):
+    """Batch statistics need every plane first: a training forward never fuses."""
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_TILES", 1)
+    net = network_from_text(CFG.format(h=8, c=16, n=8, s=1, bn=1, activation="leaky"))
+    layer = net.layers[0]
+    assert layer.winograd
+    net.forward(np.ones(net.input.shape), train=True)
+    assert layer._trained and not layer._fused
