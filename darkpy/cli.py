@@ -164,7 +164,8 @@ def valid(cfg, weights, data, as_json, threads, engine):
     """Top-1 and top-k accuracy of WEIGHTS on the `valid` list, and the confusion matrix; for a
     detector, the COCO results JSON and VOC comp4 files (darkpy/cli_eval.py)."""
     from .cli_eval import cfg_is_detector, valid_detector
-    from .train import configure_threads, validate
+    from .evaluate import validate
+    from .runtime import configure_threads
 
     configure_threads(_settings(threads=threads).threads)
     if cfg_is_detector(cfg):
@@ -191,7 +192,8 @@ def valid(cfg, weights, data, as_json, threads, engine):
 @engine_option
 def predict(cfg, weights, images, data, top, as_json, engine):
     """The top classes of each IMAGE, with probabilities."""
-    from .train import configure_threads, predict as run_predict
+    from .evaluate import predict as run_predict
+    from .runtime import configure_threads
 
     configure_threads(_settings().threads)
     preds = run_predict(cfg, weights, images, data=data, top=top,

@@ -128,7 +128,7 @@ def augment_preview(cfg, data, out, count, seed):
     import os
 
     from .augment import preview_images
-    from .train import resolve_data_file
+    from .datafile import resolve_data_file
 
     paths = preview_images(cfg, resolve_data_file(cfg, data), out, count, seed)
     click.echo(f"wrote {len(paths)} images to {os.path.abspath(out)}")

@@ -26,11 +26,11 @@ def _load_detector(cfg: str, weights: str, batch: int = 1):
     from .errors import WeightsError
     from .network import load_network
 
-    from .train import COMPILING_NOTICE, kernels_need_compiling
+    from .runtime import COMPILING_NOTICE, kernels_need_compiling
 
     net = load_network(cfg, batch=batch)
     detection_heads(net)
-    if kernels_need_compiling(net):
+    if kernels_need_compiling(net, training=False):
         click.echo(COMPILING_NOTICE, err=True)
     try:
         net.load_weights(weights)
@@ -42,7 +42,7 @@ def _load_detector(cfg: str, weights: str, batch: int = 1):
 
 def _names(cfg: str, data: str | None, classes: int) -> list[str] | None:
     from .errors import DataError
-    from .train import find_data_file, load_data_config
+    from .datafile import find_data_file, load_data_config
 
     if data is not None and not os.path.isfile(data):
         raise DataError(f"{data}: no such .data file")
@@ -55,7 +55,7 @@ def _names(cfg: str, data: str | None, classes: int) -> list[str] | None:
 
 def _threads(threads: int | None) -> None:
     from .settings import load_settings
-    from .train import configure_threads
+    from .runtime import configure_threads
 
     configure_threads(load_settings().override(threads=threads).threads)
 
@@ -237,7 +237,7 @@ def map_command(cfg, weights, data, iou, metric, conf_thresh, batch, limit, no_l
     and COCO 101-point), precision, recall, F1 and average IoU; `--metric coco` prints COCOeval's
     summary (AP@[.5:.95], AP50, AP75, by size, AR)."""
     from .detect import map_of_run, run_valid
-    from .train import resolve_data_file
+    from .datafile import resolve_data_file
 
     _threads(threads)
     data_path = resolve_data_file(cfg, data)

@@ -34,7 +34,7 @@ def valid_detector(cfg: str, weights: str, data: str | None, as_json: bool, out:
     from .datasets import read_data_file
     from .detect import run_valid
     from .results import write_coco_results, write_voc_results
-    from .train import resolve_data_file
+    from .datafile import resolve_data_file
 
     data_path = resolve_data_file(cfg, data)
     dc = read_data_file(os.fspath(data_path))
@@ -62,7 +62,7 @@ def recall_command(cfg, weights, data, limit, as_json):
     proposals with objectness > .001 after objectness NMS), proposals per image, average IoU, recall."""
     from .cli_detect import _load_detector
     from .results import recall_report
-    from .train import resolve_data_file
+    from .datafile import resolve_data_file
 
     data_path = resolve_data_file(cfg, data)
     net = _load_detector(cfg, weights, batch=8)

@@ -73,7 +73,7 @@ def export_command(cfg, weights, out, width, height, batch, dynamic_batch, opset
             from .datasets import read_names
             names = read_names(data)
         else:
-            from .train import class_names, load_data_config
+            from .datafile import class_names, load_data_config
             names = class_names(load_data_config(data))
     export_onnx(net, out, batch=batch, dynamic_batch=dynamic_batch, opset=opset, heads=heads, nms=nms,
                 fp16=fp16, fold=not no_fold, names=names, letterbox=False if no_letterbox else None,

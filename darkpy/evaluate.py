@@ -91,7 +91,7 @@ def _load_for_inference(cfg, weights, notify=None):
     from .network import load_network
 
     net = load_network(cfg, batch=1)
-    if notify is not None and kernels_need_compiling(net):
+    if notify is not None and kernels_need_compiling(net, training=False):
         notify(COMPILING_NOTICE)
     try:
         net.load_weights(weights)

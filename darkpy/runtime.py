@@ -27,16 +27,19 @@ def configure_threads(threads: int) -> int:
     return n
 
 
-def kernels_need_compiling(net) -> bool:
+def kernels_need_compiling(net, training: bool = True) -> bool:
     """True when the first run will compile kernels: some module the run uses (the layers' families,
-    the optimiser, the image augmentation) has numba kernels but none of them cached on disk yet.
-    A heuristic (a module cached by a run that used only part of it counts as cached), good enough
-    to announce the minute a first run spends compiling."""
+    the image code, and the optimiser when `training`) has numba kernels but none of them cached on
+    disk yet. A heuristic (a module cached by a run that used only part of it counts as cached),
+    good enough to announce the minute a first run spends compiling. Inference passes
+    `training=False`: it never runs the optimiser, so its kernels are never cached by it."""
     import sys
 
     from numba.core.registry import CPUDispatcher
 
-    modules = {type(layer).__module__ for layer in net.layers} | {"darkpy.optim", "darkpy.images"}
+    modules = {type(layer).__module__ for layer in net.layers} | {"darkpy.images"}
+    if training:
+        modules.add("darkpy.optim")
     cache_dir = os.environ.get("NUMBA_CACHE_DIR")
     for name in modules:
         mod = sys.modules.get(name)

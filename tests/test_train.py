@@ -643,6 +643,28 @@ def test_kernels_need_compiling_sees_an_empty_cache(proj, monkeypatch, tmp_path)
     assert T.kernels_need_compiling(net)
 
 
+
+def test_inference_does_not_wait_for_the_optimisers_kernels(proj, monkeypatch, tmp_path):
+    """A cache holding every kernel module an inference run uses, but not the optimiser's (which
+    inference never compiles): `predict` must not announce compiling on every warm start."""
+    import sys
+
+    from numba.core.registry import CPUDispatcher
+
+    import darkpy.images  # noqa: F401  (the module the check looks up, as a predict run imports it)
+
+    net = load_network(proj.cfg)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in {type(layer).__module__ for layer in net.layers} | {"darkpy.images"}:
+        mod = sys.modules[name]
+        for obj in vars(mod).values():
+            if isinstance(obj, CPUDispatcher) and obj.py_func.__module__ == name:
+                (cache / f"{Path(mod.__file__).stem}.{obj.py_func.__qualname__}-1.py311.nbi").touch()
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(cache))
+    assert not T.kernels_need_compiling(net, training=False)
+    assert T.kernels_need_compiling(net)       # training also runs the optimiser: not cached here
+
 def test_cfg_base_follows_darknet():
     assert T.cfg_base("cfg/yolov3-tiny.cfg") == "yolov3-tiny"
     assert T.cfg_base("a/b/x.1.cfg") == "x"
