@@ -70,10 +70,10 @@ def _bn_args(kind):
 def _maxpool_args(kind):
     x = _f32(2, 3, 4, 4)
     if kind == "planes":
-        return np.zeros((2, 3, 2, 2), np.float32), np.zeros((2, 3, 2, 2), np.int64), x, 2, 2, 2, 0, True
+        return np.zeros((2, 3, 2, 2), np.float32), np.zeros((2, 3, 2, 2), np.int32), x, 2, 2, 2, 0, True
     if kind == "rows":
-        return np.zeros((12, 2), np.float32), np.zeros((12, 2), np.int64), x.reshape(24, 4), True
-    return np.zeros((2, 48), np.float32), _f32(2, 12), np.zeros((2, 12), np.int64)
+        return np.zeros((12, 2), np.float32), np.zeros((12, 2), np.int32), x.reshape(24, 4), 6, True
+    return np.zeros((2, 48), np.float32), _f32(2, 12), np.zeros((2, 12), np.int32)
 
 
 def _shortcut_args(kind):

@@ -30,9 +30,11 @@ WINOGRAD_CHUNK_VALUES = 1 << 22
 WINOGRAD_MIN_GEMM_TILES = 256
 #: A training forward keeps the Winograd transform of its input, V (16 values per 2x2 tile and
 #: channel, about 4x the input), for the weight gradient, which otherwise transforms the same input
-#: again, when the whole batch's V has at most this many values (32 MiB in float32): small layers
-#: and batches (digits, shapes-tiny); larger ones recompute it rather than hold it.
-WINOGRAD_KEEP_VALUES = 1 << 23
+#: again, when the whole batch's V has at most this many values (8 MiB in float32): the small
+#: layers and batches of digits and shapes-tiny. Larger ones transform again rather than hold it:
+#: the transform reads the input once, against the 16 GEMMs' n-fold reuse of V, while holding V
+#: at the former 32 MiB cap cost darknet19's training at b16 110 MB (eight layers).
+WINOGRAD_KEEP_VALUES = 1 << 21
 #: Padding (values) between the 16 matrices of a Winograd buffer: with it the 16 streams a transform
 #: reads or writes are not a power of two apart, which made them collide in the cache (measured 3x).
 XI_PAD = 16

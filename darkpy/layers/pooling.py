@@ -24,7 +24,7 @@ from .base import Layer, State, fmt_shape, register
 #: Darknet's value for a window with no in-image position (-FLT_MAX); such an output gets no gradient.
 EMPTY = -3.4028234663852886e38
 #: `maxpool_forward`'s idx argument when it records no argmax
-_NO_INDEXES = np.zeros((1, 1, 1, 1), np.int64)
+_NO_INDEXES = np.zeros((1, 1, 1, 1), np.int32)
 
 
 @jit
@@ -138,8 +138,8 @@ def _max_2x2_row(o, io, ra, rb, step, first, wa, wb, with_idx):
 @pjit
 def maxpool_forward(out, idx, x, size, sy, sx, off, with_idx):
     """out: (B, C, OH, OW); x: (B, C, H, W); with_idx (a training forward: backward reads them):
-    idx (B, C, OH, OW) int64 gets the flat index into x of each max (-1: none), else idx is any
-    (1, 1, a, b) int64 array, untouched. Out-of-image positions never win (Darknet: -FLT_MAX
+    idx (B, C, OH, OW) int32 gets the flat index into the item x[b] of each max (-1: none), else
+    idx is any (1, 1, a, b) int32 array, untouched. Out-of-image positions never win (Darknet: -FLT_MAX
     there); ties keep the first position in row-major window order (Darknet's `>`). Parallel over
     (item, channel) planes."""
     B, C = x.shape[:2]
@@ -152,23 +152,26 @@ def maxpool_forward(out, idx, x, size, sy, sx, off, with_idx):
 
 
 @pjit
-def maxpool_2x2_rows(out, idx, x, with_idx):
+def maxpool_2x2_rows(out, idx, x, rows_per_item, with_idx):
     """`maxpool_forward` for 2x2 windows at stride 2 with no offset on an even-sized input, with
     every (item, channel, row) flattened: out (R, OW) and x (2R, 2·OW), output row r the max over
     input rows 2r and 2r + 1 (planes then cannot straddle rows); with_idx: idx (R, OW) gets the
-    flat index into x, else idx is any (1, n) array, untouched. The same maxima, ties and indexes
+    flat index into the item (`rows_per_item` output rows each), else idx is any (1, n) array,
+    untouched. The same maxima, ties and indexes
     as the per-plane path, without its per-plane set-up (which dominated 4x4 and 8x8 outputs:
     measured 2-4x)."""
     R, OW = out.shape
     W = x.shape[1]
     if out.size < PARALLEL_MIN:
         for r in range(R):
+            ri = r % rows_per_item
             _max_2x2_row(out[r], idx[r] if with_idx else idx[0], x[2 * r], x[2 * r + 1], 2, 0,
-                         2 * r * W, (2 * r + 1) * W, with_idx)
+                         2 * ri * W, (2 * ri + 1) * W, with_idx)
     else:
         for r in prange(R):
+            ri = r % rows_per_item
             _max_2x2_row(out[r], idx[r] if with_idx else idx[0], x[2 * r], x[2 * r + 1], 2, 0,
-                         2 * r * W, (2 * r + 1) * W, with_idx)
+                         2 * ri * W, (2 * ri + 1) * W, with_idx)
 
 
 @jit(inline="always")
@@ -178,12 +181,13 @@ def _maxpool_item(out, idx, x, bc, size, sy, sx, off, with_idx):
     b = bc // C
     c = bc % C
     ip = idx[b, c] if with_idx else idx[0, 0]       # (1, n) and untouched without with_idx
-    _maxpool_plane(out[b, c], ip, x[b, c], bc * H * W, size, sy, sx, off, with_idx)
+    _maxpool_plane(out[b, c], ip, x[b, c], c * H * W, size, sy, sx, off, with_idx)
 
 
 @pjit
 def maxpool_backward(prev_delta, delta, idx):
-    """prev_delta: (B, C*H*W) flat per item; delta, idx: (B, C*OH*OW). prev_delta[argmax] += delta.
+    """prev_delta: (B, C*H*W) flat per item; delta, idx: (B, C*OH*OW), idx flat into the item.
+    prev_delta[b, argmax] += delta.
     Parallel over batch items: two outputs of one item may share an argmax, so an item stays on one
     thread; serial below PARALLEL_MIN values."""
     B, n = delta.shape
@@ -197,11 +201,10 @@ def maxpool_backward(prev_delta, delta, idx):
 
 @jit(inline="always")
 def _maxpool_backward_item(prev_delta, delta, idx, b):
-    per_item = prev_delta.shape[1]
     for k in range(delta.shape[1]):
         i = idx[b, k]
         if i >= 0:
-            prev_delta[b, i - b * per_item] += delta[b, k]
+            prev_delta[b, i] += delta[b, k]
 
 
 @pjit
@@ -313,9 +316,11 @@ class _WindowPool(Layer):
 @register
 class MaxPoolLayer(_WindowPool):
     """Max over each window. A training forward also records the argmax of each output, so backward
-    adds into it only; an inference forward skips that (it costs ~40 % of the pass), and the int64
-    `indexes` (8 bytes per output) exist only once a training forward or a backward needed them
-    after `allocate`. A backward after an inference forward finds the argmaxes first."""
+    adds into it only; an inference forward skips that (it costs ~40 % of the pass). The
+    `indexes` (int32, flat into the item: no image reaches 2**31 values; int64 indexes into the
+    whole batch held 95 MB of darknet19's training at b16) exist only once a training forward or
+    a backward needed them after `allocate`. A backward after an inference forward finds the
+    argmaxes first."""
 
     kind = "maxpool"
     aliases = ("max",)
@@ -323,7 +328,7 @@ class MaxPoolLayer(_WindowPool):
 
     def allocate(self, batch: int) -> None:
         super().allocate(batch)
-        self.indexes = np.zeros((0,), np.int64)
+        self.indexes = np.zeros((0,), np.int32)
         self._indexed = False        # `indexes` hold the argmaxes of the last forward's input
 
     def extra_buffers(self):
@@ -331,13 +336,13 @@ class MaxPoolLayer(_WindowPool):
 
     def _pool(self, x: np.ndarray, with_idx: bool) -> None:
         if with_idx and self.indexes.shape != self.output.shape:
-            self.indexes = np.full(self.output.shape, -1, np.int64)
+            self.indexes = np.full(self.output.shape, -1, np.int32)
         _, oh, ow = self.out_shape
         if (self.size == 2 and self.stride_x == 2 and self.stride_y == 2 and self.offset == 0
                 and self.in_shape[1] == 2 * oh and self.in_shape[2] == 2 * ow):
             maxpool_2x2_rows(self.output.reshape(-1, ow),
                              self.indexes.reshape(-1, ow) if with_idx else _NO_INDEXES[0, 0],
-                             x.reshape(-1, 2 * ow), with_idx)
+                             x.reshape(-1, 2 * ow), self.in_shape[0] * oh, with_idx)
         else:
             maxpool_forward(self.output, self.indexes if with_idx else _NO_INDEXES, x, self.size,
                             self.stride_y, self.stride_x, self.offset, with_idx)
