@@ -344,8 +344,6 @@ class Network:
         """`x` as an array of shape (N, *input_shape) (or the flat (N, inputs)) in a float dtype;
         anything else is a StateError naming what was expected and what was passed."""
         x = np.asarray(x)
-        want = "(N, " + ", ".join(("C", "H", "W") if len(self._input_shape) == 3 else ("inputs",)) + ")"
-        dims = "x".join(str(d) for d in self._input_shape)
         if x.dtype == np.uint8:
             if not from_uint8:
                 raise StateError(f"{what}: uint8 input; pass from_uint8=True to scale 0..255 to [0, 1] "
@@ -357,6 +355,8 @@ class Network:
         n = numel(self._input_shape)
         if x.ndim >= 2 and (x.shape[1:] == tuple(self._input_shape) or x.shape[1:] == (n,)):
             return x
+        want = "(N, " + ", ".join(("C", "H", "W") if len(self._input_shape) == 3 else ("inputs",)) + ")"
+        dims = "x".join(str(d) for d in self._input_shape)
         raise StateError(f"{what}: input shape {x.shape} does not fit the network: expected {want} = "
                          f"(N, {', '.join(map(str, self._input_shape))}) (or (N, {n}) flat) for its "
                          f"{dims} input")
