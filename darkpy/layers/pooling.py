@@ -139,9 +139,9 @@ def _max_2x2_row(o, io, ra, rb, step, first, wa, wb, with_idx):
 def maxpool_forward(out, idx, x, size, sy, sx, off, with_idx):
     """out: (B, C, OH, OW); x: (B, C, H, W); with_idx (a training forward: backward reads them):
     idx (B, C, OH, OW) int32 gets the flat index into the item x[b] of each max (-1: none), else
-    idx is any (1, 1, a, b) int32 array, untouched. Out-of-image positions never win (Darknet: -FLT_MAX
-    there); ties keep the first position in row-major window order (Darknet's `>`). Parallel over
-    (item, channel) planes."""
+    idx is any (1, 1, a, b) int32 array, untouched. Out-of-image positions never win (Darknet:
+    -FLT_MAX there); ties keep the first position in row-major window order (Darknet's `>`).
+    Parallel over (item, channel) planes."""
     B, C = x.shape[:2]
     if x.size < PARALLEL_MIN:
         for bc in range(B * C):
@@ -157,9 +157,8 @@ def maxpool_2x2_rows(out, idx, x, rows_per_item, with_idx):
     every (item, channel, row) flattened: out (R, OW) and x (2R, 2·OW), output row r the max over
     input rows 2r and 2r + 1 (planes then cannot straddle rows); with_idx: idx (R, OW) gets the
     flat index into the item (`rows_per_item` output rows each), else idx is any (1, n) array,
-    untouched. The same maxima, ties and indexes
-    as the per-plane path, without its per-plane set-up (which dominated 4x4 and 8x8 outputs:
-    measured 2-4x)."""
+    untouched. The same maxima, ties and indexes as the per-plane path, without its per-plane
+    set-up (which dominated 4x4 and 8x8 outputs: measured 2-4x)."""
     R, OW = out.shape
     W = x.shape[1]
     if out.size < PARALLEL_MIN:
