@@ -44,24 +44,25 @@ def _max_window(xp, y0, y1, x0, x1):
 
 
 @jit
-def _max_2x2(ra, rb, xs, ia, ib):
-    """The max of ra[xs], ra[xs+1], rb[xs], rb[xs+1] (ties keep the first) and its flat index:
-    ia + xs, ia + xs + 1, ib + xs or ib + xs + 1 (ia, ib: the flat index of ra[0], rb[0]).
+def _max_2x2(x, ya, yb, xs, ia, ib):
+    """The max of x[ya, xs], x[ya, xs+1], x[yb, xs], x[yb, xs+1] (ties keep the first) and its
+    flat index: ia + xs, ia + xs + 1, ib + xs or ib + xs + 1 (ia, ib: the flat index of x[ya, 0],
+    x[yb, 0]). Rows by index into the C-contiguous x, not as row views: see `maxpool_2x2_rows`.
     Straight-line code, which the compiler turns into selects: ~2x faster than `_max_window`'s
     loops on a 2x2 window. Selecting the index itself, not a position 0..3 turned into an index
     afterwards (`k // 2 * row + k % 2`), made training's maxpool 2-4x faster on rows of 4-16
     outputs (shapes-tiny's 32x32 -> 16x16 layer at b32: 1190 -> 306 µs), the same values."""
-    best = ra[xs]
+    best = x[ya, xs]
     at = ia + xs
-    v = ra[xs + 1]
+    v = x[ya, xs + 1]
     if v > best:
         best = v
         at = ia + xs + 1
-    v = rb[xs]
+    v = x[yb, xs]
     if v > best:
         best = v
         at = ib + xs
-    v = rb[xs + 1]
+    v = x[yb, xs + 1]
     if v > best:
         best = v
         at = ib + xs + 1
@@ -109,30 +110,29 @@ def _maxpool_plane(op, ip, xp, base, size, sy, sx, off, with_idx):
         ya = y0
         yb = y1 - 1
         first = off + lo * sx
-        ra = xp[ya, first:]
-        rb = xp[yb, first:]
-        # slices (loops from 0) and, for Darknet's usual stride 2, a constant step: it vectorises
+        # output slices (loops from 0) and, for Darknet's usual stride 2, a constant step
         if sx == 2:
-            _max_2x2_row(op[i, lo:hi], ipr[lo:hi], ra, rb, 2, base + first, ya * W, yb * W, with_idx)
+            _max_2x2_row(op[i, lo:hi], ipr[lo:hi], xp, ya, yb, 2, first, base, with_idx)
         else:
-            _max_2x2_row(op[i, lo:hi], ipr[lo:hi], ra, rb, sx, base + first, ya * W, yb * W, with_idx)
+            _max_2x2_row(op[i, lo:hi], ipr[lo:hi], xp, ya, yb, sx, first, base, with_idx)
 
 
 @jit(inline="always")
-def _max_2x2_row(o, io, ra, rb, step, first, wa, wb, with_idx):
-    """o[t] = the max of the 2x2 window at column t·step of rows ra, rb (o: (n,); ra, rb start at
-    the first window, column `first` of rows wa/W and wb/W of the plane, `first` counting from the
-    start of x); with_idx: io[t] = the flat index of the max in x."""
+def _max_2x2_row(o, io, xp, ya, yb, step, first, base, with_idx):
+    """o[t] = the max of the 2x2 window at column first + t·step of rows ya, yb of the plane xp
+    (o: (n,); yb may be ya: a window row outside the image reads as a copy of the one inside);
+    with_idx: io[t] = the flat index of the max, `base` + its index in xp."""
+    W = xp.shape[1]
     if with_idx:
-        ia = first + wa
-        ib = first + wb            # ia where rb is ra's copy
+        ia = base + ya * W
+        ib = base + yb * W
         for t in range(o.shape[0]):
-            best, at = _max_2x2(ra, rb, t * step, ia, ib)
+            best, at = _max_2x2(xp, ya, yb, first + t * step, ia, ib)
             o[t] = best
             io[t] = at
     else:
         for t in range(o.shape[0]):
-            o[t] = _max_2x2(ra, rb, t * step, 0, 0)[0]
+            o[t] = _max_2x2(xp, ya, yb, first + t * step, 0, 0)[0]
 
 
 @pjit
@@ -158,19 +158,33 @@ def maxpool_2x2_rows(out, idx, x, rows_per_item, with_idx):
     input rows 2r and 2r + 1 (planes then cannot straddle rows); with_idx: idx (R, OW) gets the
     flat index into the item (`rows_per_item` output rows each), else idx is any (1, n) array,
     untouched. The same maxima, ties and indexes as the per-plane path, without its per-plane
-    set-up (which dominated 4x4 and 8x8 outputs: measured 2-4x)."""
-    R, OW = out.shape
-    W = x.shape[1]
+    set-up (which dominated 4x4 and 8x8 outputs: measured 2-4x). Rows are read and written by
+    index, with no row views, whose set-up cost more than a small map's row of 2-16 maxima: 0.67x
+    the time without indexes and 0.73x with them (geometric means over 12 shapes, 2 threads, Zen 4;
+    digits' 8x8 -> 4x4 layer at b64 0.42x, 1-item maps of 104-416 0.86-1.03x). The odd-size maps
+    of the per-plane path measured 0.87-1.21x through the same `_max_2x2`."""
+    R = out.shape[0]
     if out.size < PARALLEL_MIN:
         for r in range(R):
-            ri = r % rows_per_item
-            _max_2x2_row(out[r], idx[r] if with_idx else idx[0], x[2 * r], x[2 * r + 1], 2, 0,
-                         2 * ri * W, (2 * ri + 1) * W, with_idx)
+            _row_2x2(out, idx, x, r, rows_per_item, with_idx)
     else:
         for r in prange(R):
-            ri = r % rows_per_item
-            _max_2x2_row(out[r], idx[r] if with_idx else idx[0], x[2 * r], x[2 * r + 1], 2, 0,
-                         2 * ri * W, (2 * ri + 1) * W, with_idx)
+            _row_2x2(out, idx, x, r, rows_per_item, with_idx)
+
+
+@jit(inline="always")
+def _row_2x2(out, idx, x, r, rows_per_item, with_idx):
+    """Output row r of `maxpool_2x2_rows`."""
+    if with_idx:
+        ia = 2 * (r % rows_per_item) * x.shape[1]
+        ib = ia + x.shape[1]
+        for t in range(out.shape[1]):
+            best, at = _max_2x2(x, 2 * r, 2 * r + 1, 2 * t, ia, ib)
+            out[r, t] = best
+            idx[r, t] = at
+    else:
+        for t in range(out.shape[1]):
+            out[r, t] = _max_2x2(x, 2 * r, 2 * r + 1, 2 * t, 0, 0)[0]
 
 
 @jit(inline="always")
