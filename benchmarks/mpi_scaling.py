@@ -125,7 +125,7 @@ def run_config(cfg: Path, data: Path, ranks: int, threads: int, iterations: int,
     from darkpy.process import set_command_environment
 
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    set_command_environment(env)       # both configurations run as `darkpy train` does (passive pools)
+    set_command_environment(env)       # both configurations run as `darkpy train` does
     args = ["-m", "benchmarks.mpi_scaling", "--worker", str(cfg), str(data), str(iterations), str(threads),
             str(warmup), str(tmp / f"backup-{ranks}x{threads}")]
     cmd = [sys.executable, *args] if ranks == 1 else [find_mpiexec(), "-n", str(ranks), sys.executable, *args]

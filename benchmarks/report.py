@@ -273,8 +273,8 @@ def environment_lines(results: dict) -> list[str]:
                       if opts.get("darkpy_as") == "command" else
                       "darkpy's worker ran as a library user who set nothing (`--darkpy-as library`)")
                      + f"; ONNX Runtime's model came from the {opts.get('onnx_from')} exporter.")
-    lines += ["", "| contender | threads | OMP_WAIT_POLICY | OPENBLAS_THREAD_TIMEOUT | BLAS (kernel) | OpenMP "
-              "| other |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| contender | threads | OMP_WAIT_POLICY | GOMP_SPINCOUNT | OPENBLAS_THREAD_TIMEOUT "
+              "| BLAS (kernel) | OpenMP | other |", "|---|---|---|---|---|---|---|---|"]
     seen = {}
     for net in results["networks"]:
         for ph in net["phases"]:
@@ -300,6 +300,7 @@ def environment_lines(results: dict) -> list[str]:
             threads, other = "?", ""
         e = rt.get("env") or {}
         lines.append(f"| {kind} | {threads} | {e.get('OMP_WAIT_POLICY') or 'unset'} "
+                     f"| {e.get('GOMP_SPINCOUNT') or 'unset'} "
                      f"| {e.get('OPENBLAS_THREAD_TIMEOUT') or 'unset'} | {'; '.join(blas) or '–'} "
                      f"| {'; '.join(omp) or '–'} | {other} |")
     return lines

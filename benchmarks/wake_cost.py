@@ -3,15 +3,17 @@ waking the thread pool, which decides how much work a kernel needs before a seco
 (darkpy/kernels/__init__.py: PARALLEL_MIN and friends). Not a benchmark: nothing is compared with
 other frameworks, nothing is published.
 
-    python -m benchmarks.wake_cost                 # as the `darkpy` command runs (OMP_WAIT_POLICY=PASSIVE)
+    python -m benchmarks.wake_cost                 # as the `darkpy` command runs (GOMP_SPINCOUNT=2000)
     python -m benchmarks.wake_cost --as-is         # with this shell's environment only, e.g.
-    OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=10000 python -m benchmarks.wake_cost --as-is
+    OMP_WAIT_POLICY=PASSIVE python -m benchmarks.wake_cost --as-is
 
 For 1 and for --threads threads it prints the median and 90th percentile of a 64-value `prange`
 region called back to back, and again after ~1 ms of other work (the pool has gone to sleep by
 then unless it spins that long). Measured 2026-12-02 on a 2-core Zen 5 VM, 2 threads, two runs:
 52-66 µs back to back and 67-100 µs after a gap with PASSIVE; 1.3-1.9 and 1.4-8.6 µs with libgomp's
-default spinning.
+default spinning. On a 2-core Zen 4 VM (2026-12-02, one run each): 1.5 µs back to back and 38 µs
+after the gap with the command's GOMP_SPINCOUNT=2000 (the workers have gone to sleep by then),
+52 and 67 µs with PASSIVE.
 """
 from __future__ import annotations
 

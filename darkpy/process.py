@@ -5,9 +5,17 @@ setting. The `darkpy` command (`darkpy.cli:entry`, also `python -m darkpy`) is a
 so it tunes the runtimes it loads, for itself, before numpy or numba load them (both read these
 variables once, when their libraries initialise). A value the user already set is kept.
 
-- `OMP_WAIT_POLICY=PASSIVE`: numba's OpenMP workers sleep between parallel regions instead of
-  spinning; on a small machine that also runs BLAS and the data loader, spinning threads steal the
-  cores (measured on 2 cores: a 60-iteration digits training run took 25.7 s spinning, 3.5 s passive).
+- `GOMP_SPINCOUNT=2000`: numba's OpenMP workers spin about 2000 rounds (~20 µs by libgomp's
+  estimate) after a parallel region, then sleep. The next region, usually microseconds later,
+  finds them awake instead of paying a wake-up (6-100 µs, machine-dependent), and they sleep before
+  they hold for long the cores BLAS and the data loader need (libgomp's default, ~300,000 rounds,
+  did: a digits training run took 25.7 s against 3.5 s with sleeping workers). Until 2026-12-02 the
+  command set `OMP_WAIT_POLICY=PASSIVE` (no spinning). 2000 rounds against PASSIVE, 2-core Zen 4
+  VM, processes alternating, medians of 8 rounds: digits inference b64 0.84x the time, training
+  b32 0.96x, shapes-tiny training b32 0.94x, shapes-tiny b1 level; 3 rounds: cifar b1 0.76x,
+  darknet19 training b16 1.03x; beside two CPU-bound processes (4 rounds) digits training level or
+  faster, yolov3-tiny b1 ~1.05x. Not set when the user set `OMP_WAIT_POLICY` (their policy stands:
+  PASSIVE still means sleeping workers).
 - `OPENBLAS_THREAD_TIMEOUT=4`: OpenBLAS's workers sleep right after a GEMM instead of spinning for
   2^28 cycles, which held the cores numba's kernels need next (measured on 2 cores: batch-1
   inference 20 % and a cifar training step 27 % faster).
@@ -23,13 +31,18 @@ from __future__ import annotations
 import os
 
 #: The variables the `darkpy` command sets for itself (unless already set), and why: see above.
-COMMAND_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "4"}
+COMMAND_ENV = {"GOMP_SPINCOUNT": "2000", "OPENBLAS_THREAD_TIMEOUT": "4"}
+#: A variable the user may set instead of one of COMMAND_ENV: with it set, that one is not.
+USER_INSTEAD = {"GOMP_SPINCOUNT": "OMP_WAIT_POLICY"}
 
 
 def set_command_environment(environ=None) -> dict[str, str]:
     """Give the `darkpy` command's process its settings (`COMMAND_ENV`, keeping values already
-    set). Returns what the process now has for each. Only the command's entry point calls this."""
+    set, and setting none whose `USER_INSTEAD` variable is set). Returns what the process now has
+    for each of them and those ("unset" where nothing). Only the command's entry point calls this."""
     environ = os.environ if environ is None else environ
     for key, value in COMMAND_ENV.items():
-        environ.setdefault(key, value)
-    return {key: environ[key] for key in COMMAND_ENV}
+        if not (key in USER_INSTEAD and USER_INSTEAD[key] in environ):
+            environ.setdefault(key, value)
+    keys = [*COMMAND_ENV, *USER_INSTEAD.values()]
+    return {key: environ.get(key, "unset") for key in keys}

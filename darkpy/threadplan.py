@@ -1,8 +1,9 @@
 """Threads per layer, measured on the network itself.
 
 Every parallel region of a kernel wakes numba's thread pool, and what a wake-up costs depends on
-the machine: ~2 µs where the workers spin, 6-10 µs on a bare 2-core machine whose workers sleep
-(the `darkpy` command's OMP_WAIT_POLICY=PASSIVE), 50-65 µs on a 2-core Firecracker VM (measured
+the machine: ~2 µs where the workers still spin (the `darkpy` command lets them spin ~20 µs after a
+region, darkpy/process.py), 6-10 µs on a bare 2-core machine whose workers sleep
+(OMP_WAIT_POLICY=PASSIVE), 50-65 µs on a 2-core Firecracker VM (measured
 with `python -m benchmarks.wake_cost`). A layer whose kernels do little work per region is then
 faster on the calling thread alone: on that VM a digits training step at b32 took 2.2 ms on one
 thread and 3.2 ms on two, while cifar's took 1.6 s on two and 2.7 s on one. Which layers gain

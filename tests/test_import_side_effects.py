@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from darkpy.process import COMMAND_ENV, set_command_environment
+from darkpy.process import COMMAND_ENV, USER_INSTEAD, set_command_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +68,7 @@ print(json.dumps({"before": before, "after": after, "child": json.loads(child)})
 
 
 def _clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in COMMAND_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in COMMAND_ENV and k not in USER_INSTEAD.values()}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
 
@@ -116,17 +116,32 @@ try:
     entry()
 except SystemExit as e:
     assert not e.code, e.code
-print("ENV", os.environ["OMP_WAIT_POLICY"], os.environ["OPENBLAS_THREAD_TIMEOUT"], file=sys.stderr)
+print("ENV", os.environ["GOMP_SPINCOUNT"], os.environ["OPENBLAS_THREAD_TIMEOUT"],
+      os.environ.get("OMP_WAIT_POLICY", "unset"), file=sys.stderr)
 """
     env = _clean_env()
     env["OPENBLAS_THREAD_TIMEOUT"] = "7"            # a value the user set is kept
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "ENV PASSIVE 7" in r.stderr
+    assert "ENV 2000 7 unset" in r.stderr
 
 
 def test_set_command_environment_keeps_values_already_set():
-    env = {"OMP_WAIT_POLICY": "ACTIVE"}
-    assert set_command_environment(env) == {"OMP_WAIT_POLICY": "ACTIVE", "OPENBLAS_THREAD_TIMEOUT": "4"}
-    assert env == {"OMP_WAIT_POLICY": "ACTIVE", "OPENBLAS_THREAD_TIMEOUT": "4"}
+    env = {"OPENBLAS_THREAD_TIMEOUT": "7", "GOMP_SPINCOUNT": "0"}
+    assert set_command_environment(env) == {"GOMP_SPINCOUNT": "0", "OPENBLAS_THREAD_TIMEOUT": "7",
+                                            "OMP_WAIT_POLICY": "unset"}
+    assert env == {"OPENBLAS_THREAD_TIMEOUT": "7", "GOMP_SPINCOUNT": "0"}
+
+
+def test_a_wait_policy_the_user_set_is_not_overridden_by_a_spin_count():
+    """libgomp takes GOMP_SPINCOUNT over OMP_WAIT_POLICY's spinning, so with a policy set the
+    command sets no spin count: PASSIVE still means sleeping workers, ACTIVE spinning ones."""
+    for policy in ("PASSIVE", "ACTIVE"):
+        env = {"OMP_WAIT_POLICY": policy}
+        assert set_command_environment(env) == {"GOMP_SPINCOUNT": "unset", "OPENBLAS_THREAD_TIMEOUT": "4",
+                                                "OMP_WAIT_POLICY": policy}
+        assert env == {"OMP_WAIT_POLICY": policy, "OPENBLAS_THREAD_TIMEOUT": "4"}
+    env = {}
+    set_command_environment(env)
+    assert env == {"GOMP_SPINCOUNT": "2000", "OPENBLAS_THREAD_TIMEOUT": "4"}
