@@ -8,15 +8,10 @@ variables once, when their libraries initialise). A value the user already set i
 - `GOMP_SPINCOUNT=2000`: numba's OpenMP workers spin about 2000 rounds (~20 µs by libgomp's
   estimate) after a parallel region, then sleep. The next region, usually microseconds later,
   finds them awake instead of paying a wake-up (6-100 µs, machine-dependent), and they sleep before
-  they hold for long the cores BLAS and the data loader need (libgomp's default is ~300,000 rounds;
-  an earlier measurement with spinning workers: a digits training run took 25.7 s against 3.5 s
-  with sleeping ones). Until 2026-12-02 the command set `OMP_WAIT_POLICY=PASSIVE` (no spinning).
-  2000 rounds against PASSIVE, 2-core Zen 4 VM, processes alternating, medians of 8 rounds: digits
-  inference b64 0.84x the time, training b32 0.96x, shapes-tiny training b32 0.94x, shapes-tiny b1
-  level; 3 rounds: cifar b1 0.76x, darknet19 training b16 1.03x; beside two CPU-bound processes
-  (4 rounds) digits training faster, yolov3-tiny b1 ~1.07x (README: "Sleeping or spinning
-  workers"). Not set when the user set `OMP_WAIT_POLICY` (their policy stands: PASSIVE still
-  means sleeping workers).
+  they hold for long the cores BLAS and the data loader need (libgomp's default spins ~300,000
+  rounds). Until 2026-12-02 the command set `OMP_WAIT_POLICY=PASSIVE` (no spinning); the
+  measurements that moved it are in README.md, "Sleeping or spinning workers". Not set when the
+  user set `OMP_WAIT_POLICY` (their policy stands: PASSIVE still means sleeping workers).
 - `OPENBLAS_THREAD_TIMEOUT=4`: OpenBLAS's workers sleep right after a GEMM instead of spinning for
   2^28 cycles, which held the cores numba's kernels need next (measured on 2 cores: batch-1
   inference 20 % and a cifar training step 27 % faster).
