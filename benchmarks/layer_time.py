@@ -29,7 +29,7 @@ def build(name: str, batch: int):
     from darkpy.cfg import CfgWarning, load_cfg
     from darkpy.network import Network
 
-    from .engine import random_truth, sane_weights
+    from .engine import SEQ_KINDS, random_truth, sane_weights
     from .run import SUITE
 
     spec = {s.name: s for s in SUITE}[name]
@@ -37,11 +37,16 @@ def build(name: str, batch: int):
     if spec.size:
         doc.set("net.width", str(spec.size))
         doc.set("net.height", str(spec.size))
+    seq = any(sec.kind in SEQ_KINDS for sec in doc.layers)
+    steps = doc.net.get_int("time_steps", 1) if seq else 1
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CfgWarning)
-        net = Network(doc, batch=batch)
+        net = Network(doc, batch=batch * steps)     # a sequence net: `batch` sequences of time-major rows
     sane_weights(net.layers)
     rng = np.random.default_rng(0)
+    if steps > 1:                                   # token ids in, token ids as targets
+        x, truth = (rng.integers(32, 127, (batch * steps, 1)).astype(np.float32) for _ in range(2))
+        return net, x, truth
     x = rng.random((batch, *net.input_shape), dtype=np.float32)
     yolos = [l for l in net.layers if l.kind == "yolo"]
     if yolos:

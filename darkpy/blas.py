@@ -20,6 +20,7 @@ Without threadpoolctl, or with a BLAS that is not OpenBLAS, it is plain np.matmu
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -112,7 +113,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
     macs = a.shape[-2] * a.shape[-1] * b.shape[-1]
     if not _state["set"]:
         return np.matmul(a, b, out=out)
-    stack = out.shape[0] if out is not None and out.ndim == 3 else 1
+    stack = math.prod(out.shape[:-2]) if out is not None and out.ndim >= 3 else 1
     if stack > 1 and macs < STREAM_MAX_MACS and macs * stack >= STREAM_MIN_MACS:
         _streams(a, b, out, min(_state["max"], stack, numba.get_num_threads()))
         return out
@@ -126,15 +127,19 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
 
 
 def _streams(a: np.ndarray, b: np.ndarray, out: np.ndarray, streams: int) -> None:
-    """out = a @ b in `streams` contiguous parts of the stack at the same time (1: all on this
-    thread), one BLAS thread each; a or b may be a single matrix (broadcast over the stack)."""
+    """out = a @ b in `streams` contiguous parts of the stack's first axis at the same time (1: all
+    on this thread), one BLAS thread each; a or b may have fewer axes (broadcast over the stack)."""
     _set(1)
     n = out.shape[0]
+    streams = min(streams, n)
     cuts = [n * i // streams for i in range(streams + 1)]
+
+    def cut(m, lo, hi):             # a stacked operand's part; a broadcast one whole
+        return m[lo:hi] if m.ndim == out.ndim and m.shape[0] == n else m
 
     def part(i):
         lo, hi = cuts[i], cuts[i + 1]
-        np.matmul(a[lo:hi] if a.ndim == 3 else a, b[lo:hi] if b.ndim == 3 else b, out=out[lo:hi])
+        np.matmul(cut(a, lo, hi), cut(b, lo, hi), out=out[lo:hi])
 
     pending = [_pool(streams - 1).submit(part, i) for i in range(1, streams)] if streams > 1 else []
     try:

@@ -31,7 +31,7 @@ from .layers.base import REGISTRY, Layer, State, is_image, numel
 from .memory import MemoryLimitError, check_network_fits
 from .memory import shapes_only as _shapes_only
 from .netconfig import KNOWN_NET_KEYS, POLICIES, NetConfig  # noqa: F401  (re-exported)
-from .optim import clip_global_norm, current_rate, update_params
+from .optim import clip_global_norm, current_rate, sum_squares, update_params
 from .threadplan import ThreadPlans
 
 @dataclass
@@ -478,18 +478,22 @@ class Network:
         behaviour: the NaN spreads into the weights)."""
         rate = self.current_rate() if rate is None else rate
         layers = [l for l in self.layers[self.frozen_upto() + 1:] if l.params]
-        for layer in layers if check_finite else ():
+        clip = self.config.clip_norm > 0
+        total = 0.0                             # Σ g², the finiteness check and the clip norm both read it
+        for layer in layers if check_finite or clip else ():
             for p in layer.params:
-                if not math.isfinite(float(p.grad.sum(dtype=np.float64))):
+                sq = sum_squares(p.grad.reshape(-1))
+                if check_finite and not math.isfinite(sq):
                     where = f" ({layer.section.file}:{layer.section.line})" if layer.section is not None else ""
                     raise TrainingError(f"update: layer {layer.index} [{layer.kind}]{where} has a non-finite "
                                         f"gradient for its {p.name} (NaN/inf: check the truth and the loss); "
                                         f"no weight was changed")
+                total += sq
         self.updates += 1
         B = self.config.full_batch
-        if self.config.clip_norm > 0:
+        if clip:
             self.grad_norm = clip_global_norm([p.grad for layer in layers for p in layer.params], B,
-                                              self.config.clip_norm)
+                                              self.config.clip_norm, total)
         for layer in layers:
             update_params(layer.params, self.config, rate * layer.lr_scale, B, self.updates)
         return rate

@@ -1,6 +1,8 @@
 """darkpy.blas: per-GEMM OpenBLAS threads. Values as np.matmul's; the run's count is put back."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -62,7 +64,9 @@ def _two_numba_threads():
 
 @pytest.mark.parametrize("shapes", [((16, 32, 16), (16, 16, 2048)),     # Winograd's 16 GEMMs
                                     ((32, 8), (5, 8, 4096)),             # a broadcast matrix
-                                    ((7, 64, 96), (96, 700))])
+                                    ((7, 64, 96), (96, 700)),
+                                    ((4, 3, 64, 32), (4, 3, 32, 64)),    # attention's (S, H) stacks
+                                    ((3, 64, 32), (4, 3, 32, 64))])      # broadcast over the first axis
 def test_streamed_stack_gives_each_matrix_its_own_gemm_bits(shapes, _two_numba_threads):
     """A stack split into concurrent streams gives, bit for bit, what one matrix product after the
     other on one BLAS thread gives, and leaves OpenBLAS on the run's count."""
@@ -74,7 +78,7 @@ def test_streamed_stack_gives_each_matrix_its_own_gemm_bits(shapes, _two_numba_t
     out = np.full(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), np.nan,
                   np.float32)
     macs = a.shape[-2] * a.shape[-1] * b.shape[-1]
-    assert macs * out.shape[0] >= blas.STREAM_MIN_MACS and macs < blas.STREAM_MAX_MACS
+    assert macs * math.prod(out.shape[:-2]) >= blas.STREAM_MIN_MACS and macs < blas.STREAM_MAX_MACS
     with threadpoolctl.threadpool_limits(limits=2):
         blas.configure(2)
         blas._helpers["pool"] = None
@@ -82,9 +86,36 @@ def test_streamed_stack_gives_each_matrix_its_own_gemm_bits(shapes, _two_numba_t
         assert blas._helpers["pool"] is not None, "the stack was not split"
         assert set(_openblas_threads()) == {2}
         with threadpoolctl.threadpool_limits(limits=1):
-            for i in range(out.shape[0]):
-                one = np.matmul(a[i] if a.ndim == 3 else a, b[i] if b.ndim == 3 else b)
-                assert np.array_equal(out[i], one), f"matrix {i}"
+            stack = out.shape[:-2]
+            sa, sb = np.broadcast_to(a, stack + a.shape[-2:]), np.broadcast_to(b, stack + b.shape[-2:])
+            for i in np.ndindex(stack):
+                assert np.array_equal(out[i], np.matmul(sa[i], sb[i])), f"matrix {i}"
+
+
+def test_streams_read_and_write_strided_views(_two_numba_threads):
+    """Attention's stacks: the operands and the output are (S, H, T, dh) views of time-major rows;
+    streamed, they give np.matmul's bits on one BLAS thread, and the rows outside stay untouched."""
+    if _two_numba_threads < 2 or not _openblas_threads():
+        pytest.skip("needs 2 numba threads and OpenBLAS")
+    T, S, H, dh = 64, 16, 4, 32
+
+    def heads(rows, part, parts):
+        return rows.reshape(T, S, parts, H, dh)[:, :, part].transpose(1, 2, 0, 3)
+
+    rows = np.random.default_rng(4).standard_normal((T * S, 3 * H * dh)).astype(np.float32)
+    q, k, v = (heads(rows, i, 3) for i in range(3))
+    a = np.empty((S, H, T, T), np.float32)
+    out = np.full((T * S, 2 * H * dh), np.nan, np.float32)
+    with threadpoolctl.threadpool_limits(limits=2):
+        blas.configure(2)
+        blas._helpers["pool"] = None
+        blas.matmul(q, k.transpose(0, 1, 3, 2), out=a)
+        blas.matmul(a, v, out=heads(out, 0, 2))
+        assert blas._helpers["pool"] is not None, "the stacks were not split"
+        with threadpoolctl.threadpool_limits(limits=1):
+            assert np.array_equal(a, np.matmul(q, k.transpose(0, 1, 3, 2)))
+            assert np.array_equal(heads(out, 0, 2), np.matmul(a, v))
+    assert np.isnan(heads(out, 1, 2)).all()
 
 
 def test_streams_follow_the_calling_threads_numba_count(_two_numba_threads):

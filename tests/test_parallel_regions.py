@@ -17,7 +17,8 @@ from darkpy.kernels import activations as act
 from darkpy.kernels import bn as bnk
 from darkpy.kernels import direct as dk
 from darkpy.kernels import winograd as wg
-from darkpy.layers import pooling, recurrent, shortcut, upsample
+from darkpy import optim
+from darkpy.layers import mha, pooling, recurrent, shortcut, upsample, xent
 
 
 def _parfor_lines(kernel, *args):
@@ -124,6 +125,12 @@ CASES = {
     "direct weight gradient": (dk._weight_grad_parallel, lambda: _direct_args("wgrad")),
     "winograd inputs": (wg.inputs, _winograd_inputs_args),
     "winograd outputs": (wg._outputs_parallel, _winograd_outputs_args),
+    "crossentropy forward": (xent.xent_forward, lambda: (_f32(2, 5), _f32(2, 5), _f32(2, 5), np.zeros(2), _f32(2, 5, seed=1),
+                                                         np.array([1, -1]), np.zeros((0, 5)), 0.1, 1.0, True)),
+    "attention softmax": (mha.softmax_masked, lambda: (_f32(2, 2, 4, 4), 0.5, True, np.zeros((2, 4), np.uint8))),
+    "attention softmax backward": (mha.softmax_backward, lambda: (_f32(2, 2, 4, 4), _f32(2, 2, 4, 4, seed=1), 0.5)),
+    "adamw step": (optim.adamw_step, lambda: (*(_f32(40, seed=i) for i in range(4)), 1e-3, 2, 0.9, 0.99, 1e-8, 3, 0.01)),
+    "sum of squares": (optim.sum_squares, lambda: (_f32(100),)),
 }
 
 

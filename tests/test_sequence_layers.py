@@ -237,7 +237,7 @@ def test_attention_dropout_gradients_and_scaling():
     layer_gradcheck(net, 0, x, seed=11)
     att = net.layers[0]
     att.forward(_state(net, att, x, seed=11))
-    kept = att._cache["drop"]
+    kept = att.drop
     assert set(np.unique(kept)) <= {0.0, 1 / 0.7}
     inference = net.forward(x).copy()                # no dropout outside training
     ref, _ = attention_reference(x, att)

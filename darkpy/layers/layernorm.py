@@ -13,22 +13,16 @@ import numpy as np
 from numba import prange
 
 from ..kernels import PARALLEL_MIN, pjit, vjit
+from ..kernels import vecmath as vm
 from .base import Layer, Param, State, numel, register
 
 
-# -- kernels (row statistics in float64) ----------------------------------------------------------
+# -- kernels (row statistics in float64, summed in 8 lanes: kernels/vecmath.py) -----------------
 @vjit
 def _ln_row(out, xhat, inv, x, gain, bias, eps, b):
     n = x.shape[1]
-    acc = 0.0
-    for j in range(n):
-        acc += x[b, j]
-    mean = acc / n
-    acc = 0.0
-    for j in range(n):
-        t = x[b, j] - mean
-        acc += t * t
-    k = 1.0 / math.sqrt(acc / n + eps)
+    mean = vm.row_sum(x[b], n) / n
+    k = 1.0 / math.sqrt(vm.row_sqdev(x[b], n, mean) / n + eps)
     inv[b, 0] = k
     for j in range(n):
         h = (x[b, j] - mean) * k
@@ -51,14 +45,8 @@ def layernorm_forward(out, xhat, inv, x, gain, bias, eps):
 @vjit
 def _ln_grad_row(dx, d, xhat, inv, gain, b):
     n = d.shape[1]
-    m1 = 0.0
-    m2 = 0.0
-    for j in range(n):
-        g = d[b, j] * gain[j]
-        m1 += g
-        m2 += g * xhat[b, j]
-    m1 /= n
-    m2 /= n
+    m1 = vm.row_dot(d[b], gain, n) / n
+    m2 = vm.row_dot3(d[b], gain, xhat[b], n) / n
     k = inv[b, 0]
     for j in range(n):
         dx[b, j] += (d[b, j] * gain[j] - m1 - xhat[b, j] * m2) * k

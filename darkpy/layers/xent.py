@@ -23,6 +23,7 @@ from numba import prange
 
 from ..errors import StateError
 from ..kernels import PARALLEL_MIN, jit, pjit
+from ..kernels import vecmath as vm
 from .base import Layer, State, numel, register
 
 TARGETS = ("index", "soft")
@@ -30,61 +31,59 @@ TARGETS = ("index", "soft")
 
 # -- kernels -------------------------------------------------------------------------------------
 @jit(inline="always")
-def _xent_row(out, loss, delta, x, cls, soft, eps, temp, want, b):
+def _xent_row(out, loss, delta, x, cls, soft, eps, temp, want, b, fast):
     """One row, in float64: out = softmax(x/temp); with `want`, loss = −q·log p and
     delta = (q − p·Σq)/temp, q the smoothed target (class `cls[b]`, or soft[b] when soft has rows;
-    cls[b] < 0 or an all-zero soft row: q = 0). Returns Σ loss."""
+    cls[b] < 0 or an all-zero soft row: q = 0). Returns Σ loss. `fast`: exp as `vm.exp_neg`.
+    Every loop is branch-free in j (the exps are stored first, then summed), so each vectorises."""
     V = x.shape[1]
-    m = -math.inf
+    inv = 1.0 / temp
+    xr, o = x[b], out[b]
+    m = vm.row_max(xr, V, inv)
     for j in range(V):
-        m = max(m, x[b, j] / temp)
-    tot = 0.0
-    for j in range(V):
-        tot += math.exp(x[b, j] / temp - m)
+        o[j] = vm.exp_neg(m - xr[j] * inv, fast)
+    tot = vm.row_sum(o, V)
     lse = m + math.log(tot)
+    rt = 1.0 / tot
     if not want:
         for j in range(V):
-            out[b, j] = math.exp(x[b, j] / temp - lse)
+            o[j] = o[j] * rt
         return 0.0
     use_soft = soft.shape[0] > 0
     keep = cls[b] >= 0
     raw = 1.0
     if use_soft:
-        raw = 0.0
-        for j in range(V):
-            raw += soft[b, j]
+        raw = vm.row_sum(soft[b], V)
         keep = raw != 0
     sumq = 0.0
     if keep:
         sumq = (1 - eps) * raw + eps if eps > 0 else raw
-    acc = 0.0
+    c = cls[b]
     for j in range(V):
-        logp = x[b, j] / temp - lse
-        p = math.exp(logp)
-        out[b, j] = p
         q = 0.0
         if keep:
-            q = soft[b, j] if use_soft else (1.0 if j == cls[b] else 0.0)
+            q = soft[b, j] if use_soft else (1.0 if j == c else 0.0)
             if eps > 0:
                 q = (1 - eps) * q + eps / V
-        v = -q * logp
-        loss[b, j] = v
-        acc += v
-        delta[b, j] = (q - p * sumq) / temp
-    return acc
+        p = o[j] * rt
+        o[j] = p
+        loss[b, j] = -q * (xr[j] * inv - lse)
+        delta[b, j] = (q - p * sumq) * inv
+    return vm.row_sum(loss[b], V)
 
 
-@pjit
+@pjit(error_model="numpy")
 def xent_forward(out, loss, delta, row_loss, x, cls, soft, eps, temp, want):
     """x: (B, V) logits; out, loss, delta: (B, V); row_loss: (B,) float64 gets Σ loss per row;
     cls: (B,) int64 class ids (< 0: ignored); soft: (B, V) targets, or (0, V) for index targets."""
     B = x.shape[0]
+    fast = out.itemsize == 4                # float32 layers: the vectorising exp
     if x.size < PARALLEL_MIN:
         for b in range(B):
-            row_loss[b] = _xent_row(out, loss, delta, x, cls, soft, eps, temp, want, b)
+            row_loss[b] = _xent_row(out, loss, delta, x, cls, soft, eps, temp, want, b, fast)
     else:
         for b in prange(B):
-            row_loss[b] = _xent_row(out, loss, delta, x, cls, soft, eps, temp, want, b)
+            row_loss[b] = _xent_row(out, loss, delta, x, cls, soft, eps, temp, want, b, fast)
 
 
 @register
