@@ -231,6 +231,21 @@ def test_gradcheck(conv):
     layer_gradcheck(HOLDER + f"[convolutional]\nfilters=4\n{conv}\n", 1, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("bn", [0, 1])
+def test_1x1_layer_on_a_1x1_map_is_one_gemm_of_the_batch(bn):
+    """A classifier's last 1x1 layer on a 1x1 map runs as one GEMM of the batch's rows: the
+    reference forward, and gradients by central differences (input delta added, not assigned)."""
+    cfg = ("[net]\nbatch=3\nwidth=1\nheight=1\nchannels=8\n[activation]\nactivation=linear\n"
+           f"[convolutional]\nfilters=5\nsize=1\nbatch_normalize={bn}\nactivation=leaky\n")
+    net = layer_gradcheck(cfg, 1, rtol=1e-5, atol=1e-7)
+    layer = net.layers[1]
+    assert layer.rows_gemm and not layer.direct
+    x = np.random.default_rng(6).uniform(-1, 1, net.input.shape)
+    out = net.forward(x)
+    for b in range(3):
+        assert_close(out[b], ref_conv_layer(layer, x[b], False), 1e-10, 1e-12, f"item {b}")
+
+
 def test_gradcheck_darknet_cpu_bn_is_darknets_formula():
     """With darknet_cpu_bn the BN backward is Darknet's: the exact gradient except that the variance
     term divides by N instead of N−1. Check that relation in float64."""
