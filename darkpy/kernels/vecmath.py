@@ -79,20 +79,21 @@ def row_max(a, n, scale):
 
 @jit(inline="always")
 def row_dot(a, b, n):
-    """Σ a[0:n]·b[0:n] in float64, in 8 lanes as `row_sum`."""
+    """Σ a[0:n]·b[0:n] in float64 (each product of float64 values: exact for float32 inputs), in 8
+    lanes as `row_sum`."""
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
     n8 = n - n % 8
     for j in range(0, n8, 8):
-        s0 += a[j] * b[j]
-        s1 += a[j + 1] * b[j + 1]
-        s2 += a[j + 2] * b[j + 2]
-        s3 += a[j + 3] * b[j + 3]
-        s4 += a[j + 4] * b[j + 4]
-        s5 += a[j + 5] * b[j + 5]
-        s6 += a[j + 6] * b[j + 6]
-        s7 += a[j + 7] * b[j + 7]
+        s0 += (1.0 * a[j]) * b[j]
+        s1 += (1.0 * a[j + 1]) * b[j + 1]
+        s2 += (1.0 * a[j + 2]) * b[j + 2]
+        s3 += (1.0 * a[j + 3]) * b[j + 3]
+        s4 += (1.0 * a[j + 4]) * b[j + 4]
+        s5 += (1.0 * a[j + 5]) * b[j + 5]
+        s6 += (1.0 * a[j + 6]) * b[j + 6]
+        s7 += (1.0 * a[j + 7]) * b[j + 7]
     for j in range(n8, n):
-        s0 += a[j] * b[j]
+        s0 += (1.0 * a[j]) * b[j]
     return ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7))
 
 
@@ -120,18 +121,19 @@ def row_sqdev(a, n, m):
 
 @jit(inline="always")
 def row_dot3(a, b, c, n):
-    """Σ a[0:n]·b[0:n]·c[0:n] in float64 ((a·b)·c per value), in 8 lanes as `row_sum`."""
+    """Σ a[0:n]·b[0:n]·c[0:n] in float64 ((a·b)·c per value, from float64 values), in 8 lanes as
+    `row_sum`."""
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
     n8 = n - n % 8
     for j in range(0, n8, 8):
-        s0 += a[j] * b[j] * c[j]
-        s1 += a[j + 1] * b[j + 1] * c[j + 1]
-        s2 += a[j + 2] * b[j + 2] * c[j + 2]
-        s3 += a[j + 3] * b[j + 3] * c[j + 3]
-        s4 += a[j + 4] * b[j + 4] * c[j + 4]
-        s5 += a[j + 5] * b[j + 5] * c[j + 5]
-        s6 += a[j + 6] * b[j + 6] * c[j + 6]
-        s7 += a[j + 7] * b[j + 7] * c[j + 7]
+        s0 += (1.0 * a[j]) * b[j] * c[j]
+        s1 += (1.0 * a[j + 1]) * b[j + 1] * c[j + 1]
+        s2 += (1.0 * a[j + 2]) * b[j + 2] * c[j + 2]
+        s3 += (1.0 * a[j + 3]) * b[j + 3] * c[j + 3]
+        s4 += (1.0 * a[j + 4]) * b[j + 4] * c[j + 4]
+        s5 += (1.0 * a[j + 5]) * b[j + 5] * c[j + 5]
+        s6 += (1.0 * a[j + 6]) * b[j + 6] * c[j + 6]
+        s7 += (1.0 * a[j + 7]) * b[j + 7] * c[j + 7]
     for j in range(n8, n):
-        s0 += a[j] * b[j] * c[j]
+        s0 += (1.0 * a[j]) * b[j] * c[j]
     return ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7))
