@@ -28,6 +28,7 @@ from . import outputs_plan
 from .cfg import CfgDocument, CfgWarning, Section, load_cfg, parse_cfg
 from .errors import CfgError, StateError, TrainingError
 from .layers.base import REGISTRY, Layer, State, is_image, numel
+from .layers.conv_winograd import plan_kept_filters
 from .memory import MemoryLimitError, check_network_fits
 from .memory import shapes_only as _shapes_only
 from .netconfig import KNOWN_NET_KEYS, POLICIES, NetConfig  # noqa: F401  (re-exported)
@@ -247,6 +248,7 @@ class Network:
             raise StateError(f"{self.file}: this network was built with shapes_only=True (sizes only); "
                              f"build it without to run it")
         check_network_fits(self.layers, batch, self.dtype, self.file)
+        plan_kept_filters(self.layers, batch, fixed=self._share_keep is not None)
         for layer in self.layers:
             layer.allocate(batch)
         self.input = np.zeros((batch, *self._input_shape), self.dtype)
@@ -264,8 +266,11 @@ class Network:
         layer, cost layers, detection heads and the layers in `keep`) share one arena, placed so
         that no two outputs alive at the same time overlap (darkpy/outputs_plan.py). After a
         forward only those layers' outputs are readable. Stays in force across `set_batch` and
-        `resize`; a training forward or a backward is refused until `unshare_outputs()`. Returns
-        the bytes of buffers given back (yolov4-tiny at 416, batch 64: 2.5 GB)."""
+        `resize`; a training forward or a backward is refused until `unshare_outputs()`. The
+        weights count as fixed meanwhile: layers may keep what they compute from them (Winograd's
+        filter transform, layers/conv_winograd.py); `load_weights` and `update` drop it, and code
+        that writes into a weight array itself calls `weights_changed()` after. Returns the bytes
+        of buffers given back (yolov4-tiny at 416, batch 64: 2.5 GB)."""
         n = len(self.layers)
         bad = [k for k in keep if not -n <= k < n]
         if bad:
@@ -274,6 +279,13 @@ class Network:
         before = outputs_plan.output_bytes(self.layers)
         self.allocate(self.batch)
         return before - outputs_plan.output_bytes(self.layers)
+
+    def weights_changed(self) -> None:
+        """Every layer drops what it computed from its weights (after they were written)."""
+        for layer in self.layers:
+            changed = getattr(layer, "weights_changed", None)
+            if changed is not None:
+                changed()
 
     def unshare_outputs(self) -> None:
         """Every layer gets its own output buffer again (reallocates them)."""
@@ -496,6 +508,7 @@ class Network:
                                               self.config.clip_norm, total)
         for layer in layers:
             update_params(layer.params, self.config, rate * layer.lr_scale, B, self.updates)
+        self.weights_changed()
         return rate
 
     # -- weights -----------------------------------------------------------------------------------

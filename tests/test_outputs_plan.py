@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import shared_path
+import darkpy.layers.conv_winograd as cw
 from darkpy import outputs_plan
 from darkpy.errors import StateError
 from darkpy.network import network_from_text
@@ -88,8 +89,11 @@ def _heads(net):
 
 
 @pytest.mark.parametrize("name", exported_networks())     # one per distinct network, as there
-def test_shared_outputs_give_the_same_outputs(name):
+def test_shared_outputs_give_the_same_outputs(name, monkeypatch):
     shared_path("cfg")
+    # the same kernels as without sharing (a kept Winograd filter transform would move layers onto
+    # another path: tests/test_winograd.py checks that one)
+    monkeypatch.setattr(cw, "KEPT_FILTER_VALUES", 0)
     case = ec.prepare(name)                 # built at a small size, random weights, one forward run
     net, x = case.net, case.x
     x2 = np.random.default_rng(1).random(x.shape, dtype=np.float32)

@@ -244,3 +244,103 @@ def test_kept_transform_is_used_only_after_a_training_forward(monkeypatch):
         layer.backward(State(input=x, delta=None, truth=None, train=True, layers=net.layers, net=net))
         grads.append(layer.weights.grad.copy())
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-12, atol=1e-12)
+
+
+KEPT_CFG = """[net]
+batch=1
+height=14
+width=14
+channels=16
+[convolutional]
+filters=16
+size=3
+stride=1
+pad=1
+activation=leaky
+[maxpool]
+size=3
+stride=1
+padding=0
+[convolutional]
+filters=8
+size=3
+stride=1
+pad=1
+batch_normalize=1
+activation=leaky
+"""
+
+
+def _kept_nets(dtype=np.float64):
+    """The same two-layer network twice (14x14 and 12x12 maps at batch 1: 49 and 36 output tiles,
+    too few for Winograd unless the filter transform is kept), one of them sharing its outputs."""
+    nets = [network_from_text(KEPT_CFG, dtype=dtype) for _ in range(2)]
+    for layer, twin in zip(*(n.layers for n in nets)):
+        for p, q in zip(getattr(layer, "params", []), getattr(twin, "params", [])):
+            p.value[...] = np.random.default_rng(p.value.size).uniform(-1, 1, p.value.shape)
+            q.value[...] = p.value
+    nets[1].share_outputs()
+    return nets
+
+
+def _same_forward(plain, shared, x, rtol=1e-11):
+    want = plain.forward(x).copy()
+    np.testing.assert_allclose(shared.forward(x), want, rtol=rtol, atol=rtol * np.abs(want).max())
+
+
+def test_fixed_weights_keep_the_filter_transform():
+    """With the weights fixed (share_outputs) the 49- and 36-tile layers keep their filter transform
+    and run on Winograd, giving the im2col path's outputs; the transform is made once."""
+    plain, shared = _kept_nets()
+    convs = [l for l in shared.layers if l.kind == "convolutional"]
+    assert not any(l.winograd for l in plain.layers if l.kind == "convolutional")
+    assert all(l.keep_filters and l.winograd for l in convs)
+    x = np.random.default_rng(3).uniform(-1, 1, plain.input.shape)
+    _same_forward(plain, shared, x)
+    kept = [l._kept_u for l in convs]
+    assert all(u is not None for u in kept)
+    _same_forward(plain, shared, np.random.default_rng(4).uniform(-1, 1, plain.input.shape))
+    assert all(l._kept_u is u for l, u in zip(convs, kept))
+    shared.unshare_outputs()            # training allowed again: no kept transform, im2col as before
+    assert not any(l.keep_filters or l.winograd for l in convs)
+    _same_forward(plain, shared, x)
+
+
+def test_kept_transform_follows_the_weights(tmp_path):
+    """A kept transform never outlives the weights it came from: loading weights, an update and
+    `weights_changed()` after writing a weight array each give the new weights' outputs."""
+    plain, shared = _kept_nets()
+    x = np.random.default_rng(3).uniform(-1, 1, plain.input.shape)
+    _same_forward(plain, shared, x)
+    other = network_from_text(KEPT_CFG, dtype=np.float64)
+    for layer in other.layers:
+        if hasattr(layer, "init_weights"):
+            layer.init_weights(np.random.default_rng(9))
+    path = tmp_path / "other.weights"
+    other.save_weights(path)
+    for net in (plain, shared):
+        net.load_weights(path)
+    _same_forward(plain, shared, x)
+    for net in (plain, shared):                 # the same step on both: grads set, then update
+        for layer in net.layers:
+            for p in getattr(layer, "params", []):
+                p.grad[...] = np.random.default_rng(p.grad.size).standard_normal(p.grad.shape)
+        net.update(0.1)
+    _same_forward(plain, shared, x)
+    for net in (plain, shared):
+        net.layers[0].weights.value[:, :, 1, 1] *= -2
+    shared.weights_changed()
+    _same_forward(plain, shared, x)
+
+
+def test_kept_transforms_stay_within_their_budget(monkeypatch):
+    """Room for one transform: the layer with more output tiles (the 14x14 one) keeps it, the other
+    stays on im2col; no room: neither."""
+    room = cw._xi_size(16, 16)
+    for budget, kept in ((room, [True, False]), (0, [False, False])):
+        monkeypatch.setattr(cw, "KEPT_FILTER_VALUES", budget)
+        plain, shared = _kept_nets()
+        convs = [l for l in shared.layers if l.kind == "convolutional"]
+        assert [l.keep_filters for l in convs] == kept
+        assert [l.winograd for l in convs] == kept
+        _same_forward(plain, shared, np.random.default_rng(3).uniform(-1, 1, plain.input.shape))

@@ -38,6 +38,9 @@ WINOGRAD_KEEP_VALUES = 1 << 21
 #: Padding (values) between the 16 matrices of a Winograd buffer: with it the 16 streams a transform
 #: reads or writes are not a power of two apart, which made them collide in the cache (measured 3x).
 XI_PAD = 16
+#: At most this many values (32 MiB in float32) of kept filter transforms per network
+#: (`plan_kept_filters`): the inference peak memory stays below PyTorch's on every suite network.
+KEPT_FILTER_VALUES = 1 << 23
 
 
 class WinogradConv:
@@ -57,21 +60,37 @@ class WinogradConv:
         self._vkeep_values = kept if kept <= WINOGRAD_KEEP_VALUES else 0
 
     def _winograd(self, x: np.ndarray, w: np.ndarray, pad: int, y: np.ndarray, add: bool,
-                  keep: bool = False, epilogue: tuple = ()) -> None:
+                  keep: bool = False, epilogue: tuple = (), u: np.ndarray | None = None) -> None:
         """y (B, n', oh', ow') = (or +=) the 3x3 stride-1 correlation of x (B, c', h', w') with the
         filters w (n', c', 3, 3) and padding `pad`, by Winograd F(2x2, 3x3), `self.wchunk` items at
         a time. Forward: x the input, w the weights. Backward: x the delta, w the weights flipped
         and transposed, pad 2 − padding, y the previous delta. `keep`: the transformed input goes
         to `vkeep` (for the weight gradient) instead of the workspace. `epilogue`: (k, off, act)
-        of `inference_epilogue`, applied to each output plane as it is written."""
+        of `inference_epilogue`, applied to each output plane as it is written. `u`: w's filter
+        transform when kept (`kept_filters`), else it is made into the workspace."""
         n, c = w.shape[:2]
-        u = _xi_view(0, n, c, self.dtype)
-        wg.filters(u, w)
+        if u is None:
+            u = _xi_view(0, n, c, self.dtype)
+            wg.filters(u, w)
         for items, vrows, m in self._winograd_chunks(c, n, y.shape[2:], kept=keep):
             wg.inputs(vrows, x[items], pad)
             # the 16 GEMMs in one call (numpy loops over ξ)
             blas.matmul(u, _as_matrices(vrows, c, m.shape[2]), out=m)
             wg.outputs(y[items], m, add, *epilogue)
+
+    def kept_filters(self) -> np.ndarray:
+        """The weights' filter transform U, made at the first call after `allocate` or
+        `weights_changed` and kept (16 (n, c) matrices in a buffer of the layer's own)."""
+        if self._kept_u is None:
+            n, c = self.weights.value.shape[:2]
+            u = _xi_view(0, n, c, self.dtype, np.empty(_xi_size(n, c), self.dtype))
+            wg.filters(u, self.weights.value)
+            self._kept_u = u
+        return self._kept_u
+
+    def weights_changed(self) -> None:
+        """Drop what was computed from the weights (the kept filter transform)."""
+        self._kept_u = None
 
     def _chunk_tiles(self, out_hw: tuple):
         """(item slice, tiles) of each Winograd chunk for an output of out_hw (h, w) per item."""
@@ -108,6 +127,28 @@ class WinogradConv:
             v = _as_matrices(vrows, c, dm.shape[2])
             blas.matmul(dm, v.transpose(0, 2, 1), out=du)
             wg.filters_adjoint_add(self.weights.grad, du)
+
+
+def plan_kept_filters(layers, batch: int, fixed: bool) -> None:
+    """Which layers keep their Winograd filter transform at `batch` (sets `keep_filters`; call before
+    the layers' `allocate`, which chooses the path by it). Only while the weights are `fixed`
+    (`Network.share_outputs`: inference only), and only layers that the kept transform moves onto
+    Winograd (`kept_filters_gain`), most output tiles first, while the kept transforms total at most
+    KEPT_FILTER_VALUES values: a transform is 16/9 of its weights (yolov3-tiny's 13x13 layers would
+    keep 50 MB at 416, beyond the 16 MB its 256 -> 512 ones take within the cap)."""
+    wanted = []
+    for layer in layers:
+        if hasattr(layer, "keep_filters"):
+            layer.keep_filters = False
+            gain = layer.kept_filters_gain(batch) if fixed else 0
+            if gain:
+                wanted.append((-gain, layer.index, layer))
+    room = KEPT_FILTER_VALUES
+    for _, _, layer in sorted(wanted, key=lambda t: t[:2]):
+        n, c = layer.weights.value.shape[:2]
+        if _xi_size(n, c) <= room:
+            layer.keep_filters = True
+            room -= _xi_size(n, c)
 
 
 def _winograd_chunk(per_item: int, tiles: int, batch: int) -> int:

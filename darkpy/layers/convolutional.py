@@ -51,6 +51,11 @@ WIDE_GEMM_ONLY_MAX_S = 128
 WINOGRAD = True
 WINOGRAD_MIN_TILES = 128
 WINOGRAD_MIN_CHANNELS = 16
+#: ... or at least WINOGRAD_KEPT_MIN_TILES when the layer keeps its filter transform (inference with
+#: fixed weights, `conv_winograd.plan_kept_filters`): with the transform paid once, 14x14 and 13x13
+#: maps at batch 1 (49 tiles) gain (cifar b1 forward 13.5 -> 11.9 ms, yolov3-tiny b1 35.6 -> 31.3
+#: ms, alternating in one process on a 2-core Zen 4), 7x7 ones (16 tiles) lose.
+WINOGRAD_KEPT_MIN_TILES = 32
 #: An inference forward on the Winograd or direct path applies bias or batch norm and the activation
 #: to each block of output it writes, while it is in the cache, instead of in a separate pass over
 #: the whole output (the same bits: `inference_epilogue`). False: always the separate pass.
@@ -108,6 +113,9 @@ class ConvolutionalLayer(WinogradConv, Layer):
     kind = "convolutional"
     aliases = ("conv",)
     needs_image = True
+    #: may keep its Winograd filter transform while the weights are fixed (a variant whose forward
+    #: swaps in other weights, such as XNOR's binarised ones, says False)
+    keeps_filters = True
 
     def __init__(self, index: int, in_shape, filters: int, size: int, stride_y: int = 1,
                  stride_x: int = 1, padding: int = 0, groups: int = 1, dilation: int = 1,
@@ -136,6 +144,10 @@ class ConvolutionalLayer(WinogradConv, Layer):
         self.winograd = False
         self.direct = False
         self.wchunk = 1
+        #: keep the Winograd filter transform between forwards (set by `plan_kept_filters` while the
+        #: network's weights are fixed for inference), and the kept transform (None: not made yet)
+        self.keep_filters = False
+        self._kept_u = None
         self._trained = False                      # last forward was in training mode
 
     # -- construction ---------------------------------------------------------------------------
@@ -243,6 +255,7 @@ class ConvolutionalLayer(WinogradConv, Layer):
                           and not self.direct)
         if self.rows_gemm:
             ic.reserve(batch * rows, self.dtype)        # backward's input gradient
+        self._kept_u = None
         if self.winograd:
             self._winograd_allocate(batch)
         self.affine = np.empty((2, self.n))     # `inference_epilogue`'s k and off
@@ -255,13 +268,27 @@ class ConvolutionalLayer(WinogradConv, Layer):
         return inference_epilogue(self) if self._fused else ()
 
     def _use_winograd(self, batch: int) -> bool:
-        """3x3, stride 1, no dilation or groups, padding <= 2 (so backward's padding 2 − p is one
-        too), enough channels and output tiles: see WINOGRAD_MIN_TILES."""
+        """Winograd for this batch: a shape it computes (`winograd_tiles`) with enough output tiles
+        (WINOGRAD_MIN_TILES, or WINOGRAD_KEPT_MIN_TILES when the filter transform is kept)."""
+        least = WINOGRAD_KEPT_MIN_TILES if self.keep_filters else WINOGRAD_MIN_TILES
+        return self.winograd_tiles(batch) >= least
+
+    def winograd_tiles(self, batch: int) -> int:
+        """The batch's 2x2 output tiles when Winograd can compute this layer (3x3, stride 1, no
+        dilation or groups, padding <= 2 so that backward's padding 2 − p is one too, at least
+        WINOGRAD_MIN_CHANNELS input channels), else 0."""
         if not (WINOGRAD and self.size == 3 and self.stride_x == 1 and self.stride_y == 1
-                and self.dilation == 1 and self.groups == 1 and self.padding <= 2):
-            return False
+                and self.dilation == 1 and self.groups == 1 and self.padding <= 2
+                and self.in_shape[0] >= WINOGRAD_MIN_CHANNELS):
+            return 0
         th, tw = wg.tiles(*self.out_shape[1:])
-        return self.in_shape[0] >= WINOGRAD_MIN_CHANNELS and batch * th * tw >= WINOGRAD_MIN_TILES
+        return batch * th * tw
+
+    def kept_filters_gain(self, batch: int) -> int:
+        """Output tiles of this batch for which keeping the filter transform moves the layer onto
+        Winograd (`plan_kept_filters` ranks layers by it), else 0."""
+        tiles = self.winograd_tiles(batch)
+        return tiles if self.keeps_filters and WINOGRAD_KEPT_MIN_TILES <= tiles < WINOGRAD_MIN_TILES else 0
 
     def allocate_training(self) -> None:
         """The buffers only backward needs, sized by the last allocate() (which drops them, so
@@ -335,7 +362,8 @@ class ConvolutionalLayer(WinogradConv, Layer):
         if self.winograd:
             keep = s.train and self.vkeep.size > 0
             self._winograd(x, self.weights.value, self.padding, y.reshape(self.batch, self.n, oh, ow),
-                           add=False, keep=keep, epilogue=self._epilogue(s.train))
+                           add=False, keep=keep, epilogue=self._epilogue(s.train),
+                           u=self.kept_filters() if self.keep_filters and not s.train else None)
             self._v_kept = keep
         elif self.direct:
             dk.conv_forward(y.reshape(self.batch, self.n, oh, ow), x, self.weights.value,
