@@ -250,9 +250,9 @@ KEPT_CFG = """[net]
 batch=1
 height=14
 width=14
-channels=16
+channels=32
 [convolutional]
-filters=16
+filters=32
 size=3
 stride=1
 pad=1
@@ -336,7 +336,7 @@ def test_kept_transform_follows_the_weights(tmp_path):
 def test_kept_transforms_stay_within_their_budget(monkeypatch):
     """Room for one transform: the layer with more output tiles (the 14x14 one) keeps it, the other
     stays on im2col; no room: neither."""
-    room = cw._xi_size(16, 16)
+    room = cw._xi_size(32, 32)
     for budget, kept in ((room, [True, False]), (0, [False, False])):
         monkeypatch.setattr(cw, "KEPT_FILTER_VALUES", budget)
         plain, shared = _kept_nets()
@@ -344,3 +344,15 @@ def test_kept_transforms_stay_within_their_budget(monkeypatch):
         assert [l.keep_filters for l in convs] == kept
         assert [l.winograd for l in convs] == kept
         _same_forward(plain, shared, np.random.default_rng(3).uniform(-1, 1, plain.input.shape))
+
+
+@pytest.mark.parametrize("size, channels, kept", [(8, 32, True), (7, 32, False), (6, 32, False),
+                                                   (8, 16, False)])
+def test_kept_transform_needs_enough_whole_tiles(size, channels, kept):
+    """An 8x8 map at batch 1 has 16 whole 2x2 tiles and keeps its transform; a 7x7 one (9 whole of
+    16, a third of the work wasted) and a 6x6 one (9) stay on im2col, as does a 16-channel input."""
+    text = KEPT_CFG.replace("height=14", f"height={size}").replace("width=14", f"width={size}")
+    net = network_from_text(text.replace("channels=32", f"channels={channels}"))
+    net.share_outputs()
+    layer = net.layers[0]
+    assert layer.keep_filters is kept and layer.winograd is kept

@@ -51,11 +51,16 @@ WIDE_GEMM_ONLY_MAX_S = 128
 WINOGRAD = True
 WINOGRAD_MIN_TILES = 128
 WINOGRAD_MIN_CHANNELS = 16
-#: ... or at least WINOGRAD_KEPT_MIN_TILES when the layer keeps its filter transform (inference with
-#: fixed weights, `conv_winograd.plan_kept_filters`): with the transform paid once, 14x14 and 13x13
-#: maps at batch 1 (49 tiles) gain (cifar b1 forward 13.5 -> 11.9 ms, yolov3-tiny b1 35.6 -> 31.3
-#: ms, alternating in one process on a 2-core Zen 4), 7x7 ones (16 tiles) lose.
-WINOGRAD_KEPT_MIN_TILES = 32
+#: ... or, when the layer keeps its filter transform (inference with fixed weights,
+#: `conv_winograd.plan_kept_filters`), fewer tiles but at least WINOGRAD_KEPT_MIN_TILES whole ones
+#: (2x2 blocks inside the output, so odd maps count their waste). With the transform paid once,
+#: batch 1 gains on 14x14 and 13x13 maps (36-49 whole tiles: cifar forward 13.5 -> 11.9 ms,
+#: yolov3-tiny 35.6 -> 31.3 ms) and on 8x8 ones (16: shapes-tiny's 64 -> 128 layers 148 -> 95 µs),
+#: and loses on 7x7 ones (9 whole of 16: cifar's 512-channel layers), alternating in one process
+#: on a 2-core Zen 4. Also at least WINOGRAD_KEPT_MIN_CHANNELS input channels: digits' 16 -> 32
+#: layer on 8x8 lost there (80 -> 90 µs the whole forward).
+WINOGRAD_KEPT_MIN_TILES = 16
+WINOGRAD_KEPT_MIN_CHANNELS = 32
 #: An inference forward on the Winograd or direct path applies bias or batch norm and the activation
 #: to each block of output it writes, while it is in the cache, instead of in a separate pass over
 #: the whole output (the same bits: `inference_epilogue`). False: always the separate pass.
@@ -269,9 +274,8 @@ class ConvolutionalLayer(WinogradConv, Layer):
 
     def _use_winograd(self, batch: int) -> bool:
         """Winograd for this batch: a shape it computes (`winograd_tiles`) with enough output tiles
-        (WINOGRAD_MIN_TILES, or WINOGRAD_KEPT_MIN_TILES when the filter transform is kept)."""
-        least = WINOGRAD_KEPT_MIN_TILES if self.keep_filters else WINOGRAD_MIN_TILES
-        return self.winograd_tiles(batch) >= least
+        (WINOGRAD_MIN_TILES), or a layer keeping its filter transform (`kept_filters_gain`)."""
+        return self.keep_filters or self.winograd_tiles(batch) >= WINOGRAD_MIN_TILES
 
     def winograd_tiles(self, batch: int) -> int:
         """The batch's 2x2 output tiles when Winograd can compute this layer (3x3, stride 1, no
@@ -288,7 +292,11 @@ class ConvolutionalLayer(WinogradConv, Layer):
         """Output tiles of this batch for which keeping the filter transform moves the layer onto
         Winograd (`plan_kept_filters` ranks layers by it), else 0."""
         tiles = self.winograd_tiles(batch)
-        return tiles if self.keeps_filters and WINOGRAD_KEPT_MIN_TILES <= tiles < WINOGRAD_MIN_TILES else 0
+        _, oh, ow = self.out_shape
+        whole = batch * (oh // 2) * (ow // 2)
+        return tiles if (self.keeps_filters and tiles < WINOGRAD_MIN_TILES
+                         and whole >= WINOGRAD_KEPT_MIN_TILES
+                         and self.in_shape[0] >= WINOGRAD_KEPT_MIN_CHANNELS) else 0
 
     def allocate_training(self) -> None:
         """The buffers only backward needs, sized by the last allocate() (which drops them, so
