@@ -29,6 +29,7 @@ import time
 from typing import Callable, Sequence
 
 import numba
+from numba.np.ufunc import parallel as _numba_parallel
 
 #: Timed passes per arm (all threads, one thread) before a layer's thread count is chosen.
 SAMPLES = 3
@@ -38,6 +39,19 @@ SAMPLES = 3
 #: ~10 % of each other, and choosing them by a plain comparison changed whole passes by ±10 % from
 #: one process to the next; the small networks' layers gain 1.5-3x on one thread).
 ONE_THREAD_BELOW = 0.9
+
+
+def _switch(n: int) -> None:
+    """numba.set_num_threads(n) for a count already checked (1, or the count the plan was made at):
+    numba's own C setter, set once its thread pool is up (it always is here: the plan's first pass
+    set the count through the public function), without the public one's checks (1.9 against 0.5 µs
+    a call; a small network at batch 1 switches a few times per 100 µs pass). The public function
+    where this numba has no such setter."""
+    setter = getattr(_numba_parallel, "_set_num_threads", None)
+    if setter is None:
+        numba.set_num_threads(n)
+    else:
+        setter(n)
 
 
 class ThreadPlan:
@@ -71,13 +85,13 @@ class ThreadPlan:
             for i in order:
                 want = self.choice[i]
                 if want != current:
-                    numba.set_num_threads(want)
+                    _switch(want)
                     current = want
                 if step(i):
                     return
         finally:
             if current != self.threads:
-                numba.set_num_threads(self.threads)
+                _switch(self.threads)
 
     def _run_measured(self, order, step) -> None:
         timed = self.passes > 0
