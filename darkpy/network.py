@@ -33,6 +33,7 @@ from .memory import MemoryLimitError, check_network_fits
 from .memory import shapes_only as _shapes_only
 from .netconfig import KNOWN_NET_KEYS, POLICIES, NetConfig  # noqa: F401  (re-exported)
 from .optim import clip_global_norm, current_rate, sum_squares, update_params
+from .snapshot import restore, snapshot
 from .threadplan import ThreadPlans
 
 @dataclass
@@ -315,7 +316,7 @@ class Network:
             raise StateError("cannot resize a network whose input is a flat vector")
         if w < 1 or h < 1:
             raise StateError(f"cannot resize to {w}x{h}: width and height must be >= 1")
-        saved = _snapshot([self])
+        saved = snapshot([self])
         shape = (self._input_shape[0], h, w)
         new_input = shape
         try:
@@ -344,7 +345,7 @@ class Network:
             self._input_shape = new_input
             self.allocate(self.batch)
         except BaseException:
-            _restore(saved)
+            restore(saved)
             raise
 
     # -- compute ---------------------------------------------------------------------------------
@@ -524,33 +525,6 @@ class Network:
     def summary(self) -> str:
         from .summary import summary_text
         return summary_text(self)
-
-
-def _snapshot(objs) -> list[tuple[object, dict]]:
-    """A shallow copy of the attributes of `objs` and of every darkpy object they hold (layers, their
-    inner layers and helpers), so that `_restore` puts back exactly what was there (arrays included,
-    by reference: resize and allocate replace arrays, they do not write into them)."""
-    out: list[tuple[object, dict]] = []
-    seen: set[int] = set()
-    stack = list(objs)
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        attrs = dict(vars(obj))
-        out.append((obj, attrs))
-        for v in attrs.values():
-            for item in (v if isinstance(v, (list, tuple)) else (v,)):
-                if hasattr(item, "__dict__") and type(item).__module__.startswith("darkpy.layers"):
-                    stack.append(item)
-    return out
-
-
-def _restore(saved: list[tuple[object, dict]]) -> None:
-    for obj, attrs in saved:
-        vars(obj).clear()
-        vars(obj).update(attrs)
 
 
 def fmt_dims(shape) -> str:

@@ -54,8 +54,9 @@ WINOGRAD_MIN_CHANNELS = 16
 #: ... or, when the layer keeps its filter transform (inference with fixed weights,
 #: `conv_winograd.plan_kept_filters`), fewer tiles but at least WINOGRAD_KEPT_MIN_TILES whole ones
 #: (2x2 blocks inside the output, so odd maps count their waste). With the transform paid once,
-#: batch 1 gains on 14x14 and 13x13 maps (36-49 whole tiles: cifar forward 13.5 -> 11.9 ms,
-#: yolov3-tiny 35.6 -> 31.3 ms) and on 8x8 ones (16: shapes-tiny's 64 -> 128 layers 148 -> 95 µs),
+#: batch 1 gains on 14x14 and 13x13 maps (36-49 whole tiles: cifar forward 11.9 -> 10.7 ms,
+#: yolov3-tiny 41.2 -> 40.3 ms with the two 256 -> 512 layers its cap allows; all three 35.6 ->
+#: 31.3) and on 8x8 ones (16: shapes-tiny's 64 -> 128 layers 148 -> 95 µs, its forward 1.43 -> 1.03),
 #: and loses on 7x7 ones (9 whole of 16: cifar's 512-channel layers), alternating in one process
 #: on a 2-core Zen 4. Also at least WINOGRAD_KEPT_MIN_CHANNELS input channels: digits' 16 -> 32
 #: layer on 8x8 lost there (80 -> 90 µs the whole forward).
