@@ -520,7 +520,10 @@ class Network:
     def load_weights(self, path, upto: int | None = None, order: str | None = None) -> None:
         """`order`: the file's layout of gru/lstm/batchnorm (darkpy/weights.py; None: by header)."""
         from .weights import load_weights
-        load_weights(self, path, upto, order)
+        try:
+            load_weights(self, path, upto, order)
+        finally:        # what layers computed from the old weights goes, even after a partial load
+            self.weights_changed()
 
     def summary(self) -> str:
         from .summary import summary_text

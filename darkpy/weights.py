@@ -134,29 +134,19 @@ def load_weights(net, path: str | os.PathLike, upto: int | None = None, order: s
                 + ("; to load only the first N layers (a backbone), pass upto=N to load_weights "
                    "(`darkpy train --upto N`)" if size > need else ""), mismatch=True)
         f.seek(hsize)
-        try:
-            for layer in layers:
-                _load_layer(f, layer, order, transpose, path)
-        finally:        # what layers computed from the old weights goes, even after a partial load
-            changed = getattr(net, "weights_changed", None)
-            if changed is not None:
-                changed()
+        for layer in layers:
+            for arr in layer_arrays(layer, order):
+                _read_array(f, arr, transpose and arr.ndim == 2, path)
+                if not np.isfinite(arr).all():
+                    bad = int(np.count_nonzero(~np.isfinite(arr)))
+                    raise WeightsError(f"{path}: layer {layer.index} [{layer.kind}] has {bad} non-finite "
+                                       f"value{'s' if bad != 1 else ''} (NaN/inf) of {arr.size}; the file is "
+                                       f"damaged or comes from a run that diverged")
+            after = getattr(layer, "after_load", None)
+            if after is not None:
+                after()
     net.seen = int(seen)
     net.weights_order = order       # checkpoints are written back in the same order
-
-
-def _load_layer(f, layer, order: str, transpose: bool, path: str) -> None:
-    """Read one layer's arrays from `f`, refusing non-finite values, then its `after_load`."""
-    for arr in layer_arrays(layer, order):
-        _read_array(f, arr, transpose and arr.ndim == 2, path)
-        if not np.isfinite(arr).all():
-            bad = int(np.count_nonzero(~np.isfinite(arr)))
-            raise WeightsError(f"{path}: layer {layer.index} [{layer.kind}] has {bad} non-finite "
-                               f"value{'s' if bad != 1 else ''} (NaN/inf) of {arr.size}; the file is "
-                               f"damaged or comes from a run that diverged")
-    after = getattr(layer, "after_load", None)
-    if after is not None:
-        after()
 
 
 def _read_array(f, arr: np.ndarray, transpose: bool, path: str) -> None:

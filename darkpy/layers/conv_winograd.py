@@ -145,10 +145,10 @@ def plan_kept_filters(layers, batch: int, fixed: bool) -> None:
                 wanted.append((-gain, layer.index, layer))
     room = KEPT_FILTER_VALUES
     for _, _, layer in sorted(wanted, key=lambda t: t[:2]):
-        n, c = layer.weights.value.shape[:2]
-        if _xi_size(n, c) <= room:
+        size = _xi_size(*layer.weights.value.shape[:2])
+        if size <= room:
             layer.keep_filters = True
-            room -= _xi_size(n, c)
+            room -= size
 
 
 def _winograd_chunk(per_item: int, tiles: int, batch: int) -> int:

@@ -121,7 +121,7 @@ class ConvolutionalLayer(WinogradConv, Layer):
     needs_image = True
     #: may keep its Winograd filter transform while the weights are fixed (a variant whose forward
     #: swaps in other weights, such as XNOR's binarised ones, says False)
-    keeps_filters = True
+    can_keep_filters = True
 
     def __init__(self, index: int, in_shape, filters: int, size: int, stride_y: int = 1,
                  stride_x: int = 1, padding: int = 0, groups: int = 1, dilation: int = 1,
@@ -295,7 +295,7 @@ class ConvolutionalLayer(WinogradConv, Layer):
         tiles = self.winograd_tiles(batch)
         _, oh, ow = self.out_shape
         whole = batch * (oh // 2) * (ow // 2)
-        return tiles if (self.keeps_filters and tiles < WINOGRAD_MIN_TILES
+        return tiles if (self.can_keep_filters and tiles < WINOGRAD_MIN_TILES
                          and whole >= WINOGRAD_KEPT_MIN_TILES
                          and self.in_shape[0] >= WINOGRAD_KEPT_MIN_CHANNELS) else 0
 

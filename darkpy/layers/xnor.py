@@ -59,7 +59,7 @@ def add_hardtan_masked(delta, tmp, x):
 
 class XnorConvolutionalLayer(ConvolutionalLayer):
     """A convolution with binarised weights (`binary=1`), and binarised inputs too (`xnor=1`)."""
-    keeps_filters = False           # its forward convolves with weights binarised each time
+    can_keep_filters = False        # its forward convolves with weights binarised each time
 
     handled_keys = ("xnor", "binary", "bin_output")
 
