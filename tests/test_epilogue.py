@@ -10,6 +10,7 @@ import pytest
 
 import darkpy.layers.convolutional as conv
 from darkpy.kernels import PARALLEL_MIN
+from darkpy.kernels import direct as dk
 from darkpy.kernels import im2col as ic
 from darkpy.network import network_from_text
 
@@ -27,7 +28,8 @@ batch_normalize={bn}
 activation={activation}
 """
 #: path -> (input channels, filters, stride)
-PATHS = {"winograd": (16, 8, 1), "direct": (3, 6, 1), "direct stride 2": (2, 32, 2)}
+PATHS = {"winograd": (17, 8, 1), "direct": (3, 6, 1), "direct stride 2": (2, 32, 2),
+         "direct 16 channels": (16, 8, 1)}
 
 
 def _forward(monkeypatch, path, fused, h, bn, darknet_cpu, activation, seed):
@@ -35,6 +37,7 @@ def _forward(monkeypatch, path, fused, h, bn, darknet_cpu, activation, seed):
     monkeypatch.setattr(conv, "FUSED_EPILOGUE", fused)
     monkeypatch.setattr(conv, "WINOGRAD_MIN_TILES", 1)
     monkeypatch.setattr(ic, "CHUNK_VALUES", 16 * 40 * 40)     # several Winograd chunks at 40x40
+    monkeypatch.setattr(dk, "MID_MIN_POSITIONS", 1)            # 16 channels direct at 7x7 too
     net = network_from_text(CFG.format(h=h, c=c, n=n, s=s, bn=bn, activation=activation),
                             dtype=np.float32)
     layer = net.layers[0]

@@ -67,8 +67,9 @@ WINOGRAD_KEPT_MIN_CHANNELS = 32
 #: the whole output (the same bits: `inference_epilogue`). False: always the separate pass.
 FUSED_EPILOGUE = True
 #: Direct convolution (kernels/direct.py) for layers with at most 4 input channels and 32 filters
-#: (first layers): no im2col matrix, in the forward pass and the weight gradient (the input
-#: gradient, which a first layer never computes, stays im2col's). False: always im2col + GEMM.
+#: (first layers) and for 3x3 layers with at most 16 channels and 32 filters on large maps
+#: (`dk.supports`): no im2col matrix, in the forward pass and the weight gradient (the input
+#: gradient stays im2col's). It comes before Winograd. False: im2col + GEMM or Winograd.
 DIRECT = True
 
 #: Keys that switch on behaviour darkpy does not implement; a non-zero value is an error.
@@ -251,9 +252,10 @@ class ConvolutionalLayer(WinogradConv, Layer):
             self.wide = False       # per-item GEMMs straight on the input: no copies at all
         self.wgrad_tmp = np.zeros((0,), self.dtype)
         ic.reserve(self.chunk * (rows + ng) * cols, self.dtype)
-        self.winograd = self._use_winograd(batch)
-        self.direct = not self.winograd and DIRECT and dk.supports(
-            self.in_shape[0], self.n, self.size, self.groups, self.dilation)
+        self.direct = DIRECT and dk.supports(
+            self.in_shape[0], self.n, self.size, self.groups, self.dilation,
+            max(self.stride_x, self.stride_y), self.out_shape[1] * self.out_shape[2])
+        self.winograd = not self.direct and self._use_winograd(batch)
         # a 1x1 layer on a 1x1 map (a classifier's last layer) is a connected layer: one GEMM of the
         # batch's rows, (B, c) @ Wᵀ, straight from the input into the output (instead of B GEMVs:
         # darknet.cfg's 1024 -> 1000 at b64 ran at 55 GFLOP/s)
