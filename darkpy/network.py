@@ -259,8 +259,9 @@ class Network:
         self.cost = self.cost_mean = None
         self._arena = None
         if self._share_keep is not None:
-            self._arena, _ = outputs_plan.apply(self.layers, self.layers.index(self.output_layer),
-                                                self._share_keep, self.dtype)
+            out = self.layers.index(self.output_layer)
+            self._arena, _ = outputs_plan.apply(self.layers, out, self._share_keep, self.dtype)
+            outputs_plan.fuse_pools(self.layers, out, self._share_keep)
 
     def share_outputs(self, keep: Sequence[int] = ()) -> int:
         """Inference only: the outputs of layers nothing reads after a forward (all but the output

@@ -15,6 +15,10 @@ share memory only when their lives do not overlap:
   layer's);
 - placement is first come, best fit over the free blocks (`place`), each block 64-byte aligned.
 
+While outputs are shared, `fuse_pools` also lets a convolution whose output only the next layer, a
+2x2 stride-2 [maxpool], reads write that maxpool's output itself (its own output is then never
+written): the pooling happens while each block of output is in the cache.
+
 A layer never writes over its own input: the input's life reaches at least to that layer, so the
 two never share memory. Outputs other than the kept ones hold garbage after a forward, which is
 why this is for inference only: a training forward, or a backward, on such a network is refused.
@@ -27,6 +31,8 @@ import numpy as np
 
 #: Block alignment in values of 4 bytes: 64 bytes, a cache line and an AVX-512 vector.
 ALIGN = 16
+#: `fuse_pools`: a convolution writes the 2x2 [maxpool] after it itself. False: never.
+FUSE_POOLS = True
 
 
 def last_uses(layers: Sequence) -> list[int]:
@@ -113,6 +119,28 @@ def apply(layers: Sequence, output_index: int, keep: Iterable[int], dtype) -> tu
             replaced += layer.output.nbytes
             layer.output = arena[offsets[i]:offsets[i] + sizes[i]].reshape(layer.output.shape)
     return arena, replaced
+
+
+def fuse_pools(layers: Sequence, output_index: int, keep: Iterable[int]) -> int:
+    """Let each layer whose output only the next layer, a [maxpool], reads (and that is not kept)
+    write that maxpool's output itself where it can (`can_write_pooled`: a convolution's Winograd
+    or direct path into a 2x2 stride-2 pool): it pools each block of output while the block is in
+    the cache, its own output is never written, and the maxpool's forward does nothing. Returns the
+    pairs fused. Run after `apply`, on layers `allocate` has just reset."""
+    if not FUSE_POOLS:
+        return 0
+    kept = kept_layers(layers, output_index, keep)
+    last = last_uses(layers)
+    fused = 0
+    for i in range(len(layers) - 1):
+        layer, pool = layers[i], layers[i + 1]
+        writes = getattr(layer, "can_write_pooled", None)
+        if (writes is None or i in kept or last[i] != i + 1 or not hasattr(pool, "pooled_by")
+                or not writes(pool)):
+            continue
+        layer.pool_into, pool.pooled_by = pool, layer
+        fused += 1
+    return fused
 
 
 def output_bytes(layers: Sequence) -> int:

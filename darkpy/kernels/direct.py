@@ -30,6 +30,7 @@ from numba import prange
 
 from . import PARALLEL_MIN
 from .bn import affine_act_row
+from .pool2x2 import no_pool, pool_rows
 
 #: Groups of row blocks whose weight-gradient partial sums are added in order at the end.
 WGRAD_GROUPS = 16
@@ -236,50 +237,64 @@ def _forward_plan(y, w, sy, sx, rows):
 
 
 @_jit
-def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act):
-    """Row block t (item t // nblk) of `conv_forward`, then its epilogue when k is not empty."""
+def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p):
+    """Row block t (item t // nblk) of `conv_forward`, then its epilogue when k is not empty; with a
+    pooled output p, the block goes to a scratch block instead and its 2x2 maxima to p."""
+    b = t // nblk
     oy0 = (t % nblk) * rows
     n = min(rows, y.shape[2] - oy0)
-    _fill(pf, x, t // nblk, oy0, n, sy, sx, pad, w.shape[2], lw)
-    if w.shape[2] == 3:
-        _forward_block3(y, pf, acc, w, t // nblk, oy0, n, sy, sx, lw)
+    N, OW = y.shape[1], y.shape[3]
+    _fill(pf, x, b, oy0, n, sy, sx, pad, w.shape[2], lw)
+    # the rows are written at (b, oy0) of y, or at (0, 0) of the scratch block
+    if p.shape[0]:
+        out, bo, yo = np.empty((1, N, n, OW), y.dtype), 0, 0
     else:
-        _forward_block(y, pf, acc, w, t // nblk, oy0, n, sy, sx, lw)
+        out, bo, yo = y, b, oy0
+    if w.shape[2] == 3:
+        _forward_block3(out, pf, acc, w, bo, yo, n, sy, sx, lw)
+    else:
+        _forward_block(out, pf, acc, w, bo, yo, n, sy, sx, lw)
     if k.shape[0]:
-        OH, OW = y.shape[2], y.shape[3]
-        for f in range(y.shape[1]):
-            affine_act_row(y[t // nblk, f].reshape(OH * OW)[oy0 * OW:(oy0 + n) * OW], k[f], off[f], act)
+        for f in range(N):
+            plane = out[bo, f].reshape(out.shape[2] * OW)
+            affine_act_row(plane[yo * OW:(yo + n) * OW], k[f], off[f], act)
+            if p.shape[0]:
+                pool_rows(p[b, f, oy0 // 2:(oy0 + n) // 2], out[0, f])
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
-def _conv_forward_serial(y, x, w, sy, sx, pad, rows, k, off, act):
+def _conv_forward_serial(y, x, w, sy, sx, pad, rows, k, off, act, p):
     lw, nblk, npf, nacc = _forward_plan(y, w, sy, sx, rows)
     pf = np.empty(npf, y.dtype)
     acc = np.empty(nacc, y.dtype)
     for t in range(y.shape[0] * nblk):
-        _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act)
+        _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
-def _conv_forward_parallel(y, x, w, sy, sx, pad, rows, k, off, act):
+def _conv_forward_parallel(y, x, w, sy, sx, pad, rows, k, off, act, p):
     lw, nblk, npf, nacc = _forward_plan(y, w, sy, sx, rows)
     for t in prange(y.shape[0] * nblk):
         pf = np.empty(npf, y.dtype)
         acc = np.empty(nacc, y.dtype)
-        _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act)
+        _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p)
 
 
 _NO_AFFINE = np.empty(0)
 
 
-def conv_forward(y, x, w, sy, sx, pad, rows, k=_NO_AFFINE, off=_NO_AFFINE, act=0):
+def conv_forward(y, x, w, sy, sx, pad, rows, k=_NO_AFFINE, off=_NO_AFFINE, act=0, pool=None):
     """y: (B, N, OH, OW) := the correlation of x (B, C, H, W) with w (N, C, k, k), stride (sy, sx),
     zero padding `pad` on every side, `rows` output rows per block (`block_rows`). Serial below
     PARALLEL_MIN output values. k, off: (N,) float64 (and the activation code `act`), or empty:
     then each block's rows of every filter f become act(y·k[f] + off[f]) as soon as they are
-    written (the inference epilogue, as `winograd.outputs`'s)."""
+    written (the inference epilogue, as `winograd.outputs`'s). `pool` (B, N, OH/2, OW/2), with k
+    given and even OH, OW: each finished block's 2x2 stride-2 maxima go there and y is not
+    written (kernels/pool2x2.py; `rows` is then made even)."""
+    if pool is not None:
+        rows = max(2, rows - rows % 2)
     run = _conv_forward_serial if y.size < PARALLEL_MIN else _conv_forward_parallel
-    run(y, x, w, sy, sx, pad, rows, k, off, act)
+    run(y, x, w, sy, sx, pad, rows, k, off, act, no_pool(y.dtype) if pool is None else pool)
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_fast)   # not inlined: it would lose fastmath

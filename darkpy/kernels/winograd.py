@@ -37,6 +37,7 @@ from numba import prange
 
 from . import PARALLEL_MIN, jit, pjit
 from .bn import affine_act_row
+from .pool2x2 import no_pool, pool_rows
 
 
 def tiles(out_h: int, out_w: int) -> tuple[int, int]:
@@ -192,40 +193,58 @@ def _output_plane(yf, m, f, t, add):
 
 
 @jit(inline="always")
-def _output_unit(y, m, fb, add, k, off, act):
-    """Plane fb = f·nb + b of `outputs`; then act(plane·k[f] + off[f]) in place when k is not empty."""
-    nb, _, oh, ow = y.shape
-    f = fb // nb
-    b = fb % nb
-    _output_plane(y[b, f], m, f, b * ((oh + 1) // 2) * ((ow + 1) // 2), add)
-    if k.shape[0]:
-        affine_act_row(y[b, f].reshape(oh * ow), k[f], off[f], act)
+def _output_units(y, m, g, add, k, off, act, p):
+    """Planes fb = f·nb + b in group g (POOL_GROUP planes) of `outputs`, each then act(plane·k[f] +
+    off[f]) in place when k is not empty; with a pooled output p, each plane goes to one scratch
+    plane instead (made once per group: an allocation per plane cost more than the pooling saved
+    on 8x8 maps) and its 2x2 maxima to p."""
+    nb, n, oh, ow = y.shape
+    pooled = p.shape[0] > 0
+    plane = np.empty((oh if pooled else 0, ow), y.dtype)
+    for fb in range(g * POOL_GROUP, min((g + 1) * POOL_GROUP, nb * n)):
+        f = fb // nb
+        b = fb % nb
+        t = b * ((oh + 1) // 2) * ((ow + 1) // 2)
+        if pooled:
+            _output_plane(plane, m, f, t, False)
+            affine_act_row(plane.reshape(oh * ow), k[f], off[f], act)
+            pool_rows(p[b, f], plane)
+            continue
+        _output_plane(y[b, f], m, f, t, add)
+        if k.shape[0]:
+            affine_act_row(y[b, f].reshape(oh * ow), k[f], off[f], act)
+
+
+#: Output planes per task of `outputs` (its parallel loop's unit of work).
+POOL_GROUP = 8
 
 
 _NO_AFFINE = np.empty(0)
 
 
-def outputs(y, m, add, k=_NO_AFFINE, off=_NO_AFFINE, act=0):
+def outputs(y, m, add, k=_NO_AFFINE, off=_NO_AFFINE, act=0, pool=None):
     """y: (nb, n, oh, ow) output, written (add=False) or ADDED to (add=True); m: (16, n, nb·th·tw)
     the transformed products. Each tile is Aᵀ m A, its 2x2 block cropped at the image edge.
     k, off: (n,) float64 (and the activation code `act`), or empty: then each written plane becomes
     act(y·k + off) right away, while it is in the cache (the inference epilogue; `bn.infer_affine`
     gives batch norm's k and off, the same values `bn.bn_act_forward_infer` uses, so the result is
-    the same bits as that separate pass). Serial below PARALLEL_MIN output values."""
+    the same bits as that separate pass). `pool` (nb, n, oh/2, ow/2), with k given and even oh, ow:
+    each finished plane's 2x2 stride-2 maxima go there and y is not written (kernels/pool2x2.py).
+    Serial below PARALLEL_MIN output values."""
     run = _outputs_parallel if y.size >= PARALLEL_MIN else _outputs_serial
-    run(y, m, add, k, off, act)
+    run(y, m, add, k, off, act, no_pool(y.dtype) if pool is None else pool)
 
 
 @pjit
-def _outputs_parallel(y, m, add, k, off, act):
-    for fb in prange(y.shape[0] * y.shape[1]):
-        _output_unit(y, m, fb, add, k, off, act)
+def _outputs_parallel(y, m, add, k, off, act, p):
+    for g in prange((y.shape[0] * y.shape[1] + POOL_GROUP - 1) // POOL_GROUP):
+        _output_units(y, m, g, add, k, off, act, p)
 
 
 @jit
-def _outputs_serial(y, m, add, k, off, act):
-    for fb in range(y.shape[0] * y.shape[1]):
-        _output_unit(y, m, fb, add, k, off, act)
+def _outputs_serial(y, m, add, k, off, act, p):
+    for g in range((y.shape[0] * y.shape[1] + POOL_GROUP - 1) // POOL_GROUP):
+        _output_units(y, m, g, add, k, off, act, p)
 
 
 # ---- adjoints, for the weight gradient: dU[ξ] = dM[ξ] @ V[ξ]ᵀ between them ----------------------

@@ -60,14 +60,16 @@ class WinogradConv:
         self._vkeep_values = kept if kept <= WINOGRAD_KEEP_VALUES else 0
 
     def _winograd(self, x: np.ndarray, w: np.ndarray, pad: int, y: np.ndarray, add: bool,
-                  keep: bool = False, epilogue: tuple = (), u: np.ndarray | None = None) -> None:
+                  keep: bool = False, epilogue: tuple = (), u: np.ndarray | None = None,
+                  pool: np.ndarray | None = None) -> None:
         """y (B, n', oh', ow') = (or +=) the 3x3 stride-1 correlation of x (B, c', h', w') with the
         filters w (n', c', 3, 3) and padding `pad`, by Winograd F(2x2, 3x3), `self.wchunk` items at
         a time. Forward: x the input, w the weights. Backward: x the delta, w the weights flipped
         and transposed, pad 2 − padding, y the previous delta. `keep`: the transformed input goes
         to `vkeep` (for the weight gradient) instead of the workspace. `epilogue`: (k, off, act)
         of `inference_epilogue`, applied to each output plane as it is written. `u`: w's filter
-        transform when kept (`kept_filters`), else it is made into the workspace."""
+        transform when kept (`kept_filters`), else it is made into the workspace. `pool`, with an
+        epilogue: the 2x2 maxima of each finished plane go there instead of y (`wg.outputs`)."""
         n, c = w.shape[:2]
         if u is None:
             u = _xi_view(0, n, c, self.dtype)
@@ -76,7 +78,7 @@ class WinogradConv:
             wg.inputs(vrows, x[items], pad)
             # the 16 GEMMs in one call (numpy loops over ξ)
             blas.matmul(u, _as_matrices(vrows, c, m.shape[2]), out=m)
-            wg.outputs(y[items], m, add, *epilogue)
+            wg.outputs(y[items], m, add, *epilogue, pool=None if pool is None else pool[items])
 
     def kept_filters(self) -> np.ndarray:
         """The weights' filter transform U, made at the first call after `allocate` or

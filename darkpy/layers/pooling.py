@@ -343,6 +343,16 @@ class MaxPoolLayer(_WindowPool):
         super().allocate(batch)
         self.indexes = np.zeros((0,), np.int32)
         self._indexed = False        # `indexes` hold the argmaxes of the last forward's input
+        #: the layer before, when its inference forward writes this layer's output itself
+        #: (`outputs_plan.fuse_pools`; only while outputs are shared), else None
+        self.pooled_by = None
+
+    def halves_2x2(self) -> bool:
+        """A 2x2 window at stride 2 with no offset on an even-sized input: each output is the max of
+        one aligned 2x2 block."""
+        _, oh, ow = self.out_shape
+        return (self.size == 2 and self.stride_x == 2 and self.stride_y == 2 and self.offset == 0
+                and self.in_shape[1] == 2 * oh and self.in_shape[2] == 2 * ow)
 
     def extra_buffers(self):
         return [self.indexes]
@@ -351,8 +361,7 @@ class MaxPoolLayer(_WindowPool):
         if with_idx and self.indexes.shape != self.output.shape:
             self.indexes = np.full(self.output.shape, -1, np.int32)
         _, oh, ow = self.out_shape
-        if (self.size == 2 and self.stride_x == 2 and self.stride_y == 2 and self.offset == 0
-                and self.in_shape[1] == 2 * oh and self.in_shape[2] == 2 * ow):
+        if self.halves_2x2():
             maxpool_2x2_rows(self.output.reshape(-1, ow),
                              self.indexes.reshape(-1, ow) if with_idx else _NO_INDEXES[0, 0],
                              x.reshape(-1, 2 * ow), self.in_shape[0] * oh, with_idx)
@@ -362,6 +371,9 @@ class MaxPoolLayer(_WindowPool):
         self._indexed = with_idx
 
     def forward(self, s: State) -> None:
+        if self.pooled_by is not None and not s.train:
+            self._indexed = False           # the layer before wrote the output (its input is garbage)
+            return
         self._pool(s.input.reshape(self.batch, *self.in_shape), s.train)
 
     def backward(self, s: State) -> None:

@@ -1,0 +1,41 @@
+"""The 2x2 stride-2 max of an output plane, for kernels that finish an inference forward themselves
+(Winograd's output transform, the direct convolution) when a `[maxpool]` that only they feed follows
+(`outputs_plan.fuse_pools`): the plane, still in the cache, is pooled into the maxpool's output and
+the full-size plane is never written to memory.
+
+The same maxima as `[maxpool]`'s 2x2 path (layers/pooling.py): the four values in row-major window
+order, a later one winning only when greater (Darknet's `>`), so ties keep the first and a NaN in
+the first position stays.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import jit
+
+
+@jit(inline="always")
+def max4(a, b, c, d):
+    """The max of a, b, c, d in that order, a later value winning only when greater."""
+    best = a
+    if b > best:
+        best = b
+    if c > best:
+        best = c
+    if d > best:
+        best = d
+    return best
+
+
+@jit(inline="always")
+def pool_rows(p, x):
+    """p (h, w) = the 2x2 stride-2 maxima of x (2h, 2w+): x's rows 2r, 2r+1 give p's row r (x may
+    be wider than 2w: the extra columns are left out)."""
+    for r in range(p.shape[0]):
+        for t in range(p.shape[1]):
+            p[r, t] = max4(x[2 * r, 2 * t], x[2 * r, 2 * t + 1], x[2 * r + 1, 2 * t], x[2 * r + 1, 2 * t + 1])
+
+
+def no_pool(dtype) -> np.ndarray:
+    """The 'no pooled output' argument of the kernels that take one: an empty 4-d array."""
+    return np.empty((0, 0, 0, 0), dtype)

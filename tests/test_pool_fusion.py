@@ -1,0 +1,127 @@
+"""A convolution that writes the [maxpool] after it (`outputs_plan.fuse_pools`, inference with shared
+outputs only): the same bits as the two layers run apart, on the direct and the Winograd paths, in
+float32 and float64, serial and parallel kernels; and fused only where the convolution's output is
+read by the maxpool alone and the pool is an aligned 2x2 one.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import darkpy.layers.convolutional as conv
+from darkpy import outputs_plan
+from darkpy.network import network_from_text
+
+#: conv (3 -> 16, direct) -> maxpool -> conv (16 -> 40, Winograd: over direct's 32 filters)
+#: -> maxpool -> conv 1x1 -> maxpool stride 1 (never fused) -> conv 1x1 (the output)
+NET = """
+[net]
+width={s}
+height={s}
+channels=3
+[convolutional]
+batch_normalize=1
+filters=16
+size=3
+pad=1
+activation=leaky
+[maxpool]
+size=2
+stride=2
+[convolutional]
+batch_normalize={bn}
+filters=40
+size=3
+pad=1
+activation={act}
+[maxpool]
+size=2
+stride=2
+[convolutional]
+filters=8
+size=1
+activation=leaky
+[maxpool]
+size=2
+stride=1
+[convolutional]
+filters=4
+size=1
+activation=linear
+"""
+
+
+def _net(s=48, bn=1, act="leaky", batch=2, dtype=np.float32, extra=""):
+    net = network_from_text(NET.format(s=s, bn=bn, act=act) + extra, batch=batch, dtype=dtype)
+    rng = np.random.default_rng(0)
+    for layer in net.layers:
+        if layer.kind == "convolutional":
+            layer.init_weights(rng)
+            layer.biases.value[...] = rng.standard_normal(layer.n)
+            if layer.bn is not None:
+                layer.bn.rolling_mean[...] = rng.standard_normal(layer.n)
+                layer.bn.rolling_variance[...] = rng.uniform(0.1, 2, layer.n)
+    return net
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("s,batch", [(48, 1), (48, 3), (112, 2)])     # 112: parallel kernels
+@pytest.mark.parametrize("bn,act", [(1, "leaky"), (0, "mish"), (0, "linear")])
+def test_fused_pools_give_the_same_bits(dtype, s, batch, bn, act):
+    net = _net(s, bn, act, batch, dtype)
+    x = np.random.default_rng(1).uniform(-1, 1, net.input.shape).astype(dtype)
+    pools = [1, 3]
+    ref = net.forward(x).copy()
+    want = [net.layers[i].output.copy() for i in pools]
+    net.share_outputs(keep=pools)
+    assert [l.index for l in net.layers if getattr(l, "pool_into", None)] == [0, 2]
+    assert net.layers[0].direct and net.layers[2].winograd
+    assert net.layers[5].pooled_by is None              # stride 1: not an aligned 2x2 pool
+    net._arena[...] = np.nan                            # a value read but not written shows
+    for _ in range(2):
+        np.testing.assert_array_equal(net.forward(x), ref)
+        for i, w in zip(pools, want):
+            np.testing.assert_array_equal(net.layers[i].output, w)
+    net.unshare_outputs()
+    assert not any(getattr(l, "pool_into", None) or getattr(l, "pooled_by", None) for l in net.layers)
+    np.testing.assert_array_equal(net.forward(x), ref)
+
+
+def test_fused_only_where_the_pool_alone_reads_the_convolution():
+    route = "[route]\nlayers=0\n[convolutional]\nfilters=2\nsize=1\nactivation=linear\n"
+    cases = [
+        (dict(), [0, 2]),
+        (dict(batch=1), [0, 2]),
+        (dict(extra=route), [2]),              # layer 0 is read by the route too
+        (dict(s=50), [0]),                     # 25x25: the second maxpool does not halve its map
+        (dict(s=47), [2]),                     # 47x47: nor the first
+        (dict(s=24), [0]),                     # layer 2's 12x12 map is under POOLED_MIN_POSITIONS
+    ]
+    for kw, fused in cases:
+        net = _net(**kw)
+        net.share_outputs()
+        assert [l.index for l in net.layers if getattr(l, "pool_into", None)] == fused, kw
+    net = _net()
+    net.share_outputs(keep=[0])                # the caller reads layer 0 after the forward
+    assert [l.index for l in net.layers if getattr(l, "pool_into", None)] == [2]
+
+
+def test_switches_and_training_leave_the_pools_apart(monkeypatch):
+    net = _net()
+    x = np.random.default_rng(1).uniform(-1, 1, net.input.shape).astype(np.float32)
+    net.forward(x, train=True)                  # no sharing: nothing fused, the pool runs
+    assert net.layers[1].pooled_by is None and net.layers[1]._indexed
+    ref = net.forward(x).copy()                 # (after: training moved the rolling statistics)
+    monkeypatch.setattr(outputs_plan, "FUSE_POOLS", False)
+    net.share_outputs()
+    assert not any(getattr(l, "pool_into", None) for l in net.layers)
+    monkeypatch.setattr(outputs_plan, "FUSE_POOLS", True)
+    monkeypatch.setattr(conv, "FUSED_EPILOGUE", False)
+    net.share_outputs()
+    assert not any(getattr(l, "pool_into", None) for l in net.layers)
+    monkeypatch.undo()
+    net.resize(64, 64)                           # the plan is made again at the new size
+    net.share_outputs()
+    assert [l.index for l in net.layers if getattr(l, "pool_into", None)] == [0, 2]
+    net.resize(48, 48)
+    np.testing.assert_array_equal(net.forward(x), ref)
