@@ -38,7 +38,9 @@ def _direct_args(kind):
     y = np.zeros((2, 4, 9, 8), np.float32)
     rows = dk.block_rows(9, 8, 3, 1)
     if kind == "forward":
-        return y, x, w, 1, 1, 1, rows, np.ones(4), np.zeros(4), 0
+        pool = np.zeros((2, 4, 4, 4), np.float32)      # the pooled branch (even rows: 8x8)
+        return np.zeros((2, 4, 8, 8), np.float32), x[:, :, :8].copy(), w, 1, 1, 1, 2, np.ones(4), \
+            np.zeros(4), 0, pool
     return np.zeros_like(w), x, rng.standard_normal(y.shape).astype(np.float32), 1, 1, 1, rows
 
 
@@ -49,9 +51,10 @@ def _winograd_inputs_args():
 
 
 def _winograd_outputs_args():
-    th, tw = wg.tiles(7, 6)
+    th, tw = wg.tiles(8, 6)
     m = np.random.default_rng(2).standard_normal((16, 4, 2 * th * tw)).astype(np.float32)
-    return np.zeros((2, 4, 7, 6), np.float32), m, False, np.ones(4), np.zeros(4), 0
+    pool = np.zeros((2, 4, 4, 3), np.float32)          # the pooled branch too
+    return np.zeros((2, 4, 8, 6), np.float32), m, False, np.ones(4), np.zeros(4), 0, pool
 
 
 def _f32(*shape, seed=0):
