@@ -56,7 +56,8 @@ MAX_FILTERS = 32
 #: 128x128 layer at b1 1.55 -> 0.96 ms, tiny.cfg's 112x112 2.35 -> 1.23 ms (b64: 83 -> 61 ms),
 #: yolov3-tiny's 208x208 5.8 -> 3.8 ms, shapes-tiny's 64x64 b64 12.2 -> 11.6 ms and its b32 training
 #: step 95 -> 90 ms; digits' 8x8 layer trains slower (7.0 -> 7.7 ms a b64 step), hence the floor.
-#: With 64 filters (32 -> 64 channels) or 128 filters it lost to Winograd and im2col.
+#: With 128 filters it lost to Winograd (tiny.cfg's 16 -> 128 layers at b64: 66 -> 73 ms), and
+#: 32 -> 64 channel layers measured no faster.
 MID_CHANNELS = 16
 MID_MIN_POSITIONS = 32 * 32
 

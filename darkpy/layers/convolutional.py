@@ -70,7 +70,8 @@ FUSED_EPILOGUE = True
 #: reads its output itself (`outputs_plan.fuse_pools`) when its output maps have at least this many
 #: positions. Alternating in one process (2 threads, Zen 4): tiny.cfg at b64 545 -> 508 ms (the
 #: four maxpools' 25 ms and part of the convolutions' writes), darknet.cfg b1 8.93 -> 8.77 ms,
-#: yolov3-tiny b1 46.9 -> 45.9 ms; digits' 8x8 Winograd layer at b64 lost (497 + 16 -> 539 µs).
+#: yolov3-tiny b1 46.9 -> 45.9 ms. On digits' 8x8 Winograd layer at b64 the fused layer measured
+#: slower in one run (539 against 497 + 16 µs) and level in another, for at most the pool's 16 µs.
 POOLED_MIN_POSITIONS = 16 * 16
 #: Direct convolution (kernels/direct.py) for layers with at most 4 input channels and 32 filters
 #: (first layers) and for 3x3 layers with at most 16 channels and 32 filters on large maps
