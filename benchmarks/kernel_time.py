@@ -61,10 +61,11 @@ def main(argv=None) -> None:
 
     from darkpy.runtime import configure_threads
 
-    from .layer_time import build, make_step, warm_up
+    from .layer_time import as_the_worker, build, make_step, warm_up
 
     configure_threads(args.threads)
     net, x, truth = build(args.network, args.batch)
+    as_the_worker(net, args)
     stats: dict = defaultdict(lambda: [0, 0.0])
     wrap_parallel_kernels(stats)
     step = make_step(net, x, truth, args.mode == "train")

@@ -59,10 +59,21 @@ def build(name: str, batch: int):
 
 
 def step_arguments(ap) -> None:
-    """The positional arguments every step tool takes: network, mode, batch."""
+    """The arguments every step tool takes: network, mode, batch, and --plain-outputs."""
     ap.add_argument("network", help="a suite network (benchmarks/run.py), e.g. digits, shapes-tiny")
     ap.add_argument("mode", choices=["train", "infer"])
     ap.add_argument("batch", type=int)
+    ap.add_argument("--plain-outputs", action="store_true",
+                    help="infer without Network.share_outputs (the suite's worker and the inference "
+                         "commands share them, which also keeps Winograd filter transforms and lets a "
+                         "convolution write its 2x2 maxpool)")
+
+
+def as_the_worker(net, args) -> None:
+    """An inference network runs as the suite's worker and the inference commands run it: with
+    shared outputs (and what comes with them), unless --plain-outputs."""
+    if args.mode == "infer" and not args.plain_outputs:
+        net.share_outputs(keep=[net.output_layer.index])
 
 
 def warm_up(net, step, steps: int = 3) -> None:
@@ -113,6 +124,7 @@ def main(argv=None) -> None:
     from darkpy.runtime import configure_threads
 
     net, x, truth = build(args.network, args.batch)
+    as_the_worker(net, args)
     net.thread_plans.enabled = False        # every layer on 1, then on --threads threads
     step_times: dict = defaultdict(float)
     instrument(net, step_times)

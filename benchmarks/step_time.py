@@ -62,7 +62,7 @@ def main(argv=None) -> None:
 
     from darkpy.runtime import configure_threads
 
-    from .layer_time import build, make_step, warm_up
+    from .layer_time import as_the_worker, build, make_step, warm_up
     from .run import SUITE
 
     if args.network not in {s.name for s in SUITE}:
@@ -73,6 +73,7 @@ def main(argv=None) -> None:
         _ab_setting(args, clock)
         return
     net, x, truth = build(args.network, args.batch)
+    as_the_worker(net, args)
     net.thread_plans.enabled = not args.fixed_threads
     step = make_step(net, x, truth, args.mode == "train")
     warm_up(net, step)
@@ -101,7 +102,7 @@ def _value(text: str):
 def _ab_setting(args, clock) -> None:
     """Rounds of `reps` steps with the setting at A, then at B (sides alternate which goes first),
     each side on its own network built with its value; the median of each side's round medians."""
-    from .layer_time import build, make_step, warm_up
+    from .layer_time import as_the_worker, build, make_step, warm_up
 
     name, a, b = args.ab_setting
     module_name, attr = name.rsplit(".", 1)
@@ -110,6 +111,7 @@ def _ab_setting(args, clock) -> None:
     for text in (a, b):
         setattr(module, attr, _value(text))
         net, x, truth = build(args.network, args.batch)
+        as_the_worker(net, args)
         net.thread_plans.enabled = not args.fixed_threads
         step = make_step(net, x, truth, args.mode == "train")
         warm_up(net, step)

@@ -209,3 +209,21 @@ def test_step_time_alternates_a_setting_between_two_values():
     out = _run_tool("benchmarks.step_time", "digits", "infer", "2", "--reps", "2", "--rounds", "2",
                     "--ab-setting", "darkpy.blas.STREAM_MIN_MACS", "1<<62", "1<<20")
     assert "STREAM_MIN_MACS=1<<62:" in out and "STREAM_MIN_MACS=1<<20:" in out and "B/A" in out, out
+
+
+def test_step_tools_infer_as_the_worker_does():
+    """In infer mode the profiling tools share outputs as the suite's worker does (so they time its
+    kernels: kept transforms, convolutions writing their maxpool); --plain-outputs and training not."""
+    import argparse
+
+    from benchmarks.layer_time import as_the_worker, step_arguments
+    from darkpy.network import network_from_text
+
+    ap = argparse.ArgumentParser()
+    step_arguments(ap)
+    cfg = "[net]\nwidth=8\nheight=8\nchannels=1\n[convolutional]\nfilters=2\nsize=1\nactivation=linear\n"
+    for argv, shared in ((["digits", "infer", "1"], True), (["digits", "infer", "1", "--plain-outputs"], False),
+                         (["digits", "train", "1"], False)):
+        net = network_from_text(cfg)
+        as_the_worker(net, ap.parse_args(argv))
+        assert (net._share_keep is not None) is shared, argv
