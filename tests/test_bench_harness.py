@@ -227,3 +227,12 @@ def test_step_tools_infer_as_the_worker_does():
         net = network_from_text(cfg)
         as_the_worker(net, ap.parse_args(argv))
         assert (net._share_keep is not None) is shared, argv
+
+
+def test_ort_nodes_lists_onnxruntime_nodes_of_a_suite_network():
+    out = _run_tool("benchmarks.ort_nodes", "digits", "2", "--threads", "1", "--runs", "2")
+    lines = out.splitlines()
+    assert "digits b2, onnxruntime" in lines[0] and "ms per run" in lines[0], out
+    nodes = [line.split() for line in lines[2:-1]]
+    assert sum(op == "Conv" for _, op, _ in nodes) >= 3 and all(float(us) >= 0 for *_, us in nodes), out
+    assert abs(float(lines[-1].split()[-1]) - sum(float(us) for *_, us in nodes)) < 0.2 * len(nodes), out
