@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import darkpy.layers.convolutional as conv
+from benchmarks.engine import sane_weights
 from darkpy import outputs_plan
 from darkpy.network import network_from_text
 
@@ -53,14 +54,7 @@ activation=linear
 
 def _net(s=48, bn=1, act="leaky", batch=2, dtype=np.float32, extra=""):
     net = network_from_text(NET.format(s=s, bn=bn, act=act) + extra, batch=batch, dtype=dtype)
-    rng = np.random.default_rng(0)
-    for layer in net.layers:
-        if layer.kind == "convolutional":
-            layer.init_weights(rng)
-            layer.biases.value[...] = rng.standard_normal(layer.n)
-            if layer.bn is not None:
-                layer.bn.rolling_mean[...] = rng.standard_normal(layer.n)
-                layer.bn.rolling_variance[...] = rng.uniform(0.1, 2, layer.n)
+    sane_weights(net.layers)            # biases and batch-norm statistics that are not zeros
     return net
 
 
