@@ -198,7 +198,9 @@ def stand_in_file(kind: str, n: int) -> str:
     if not p.exists():
         text = ("root -1\n" + "".join(f"n{i} 0\n" for i in range(1, n)) if kind == "tree"
                 else "".join(f"{i}\n" for i in range(n)))
-        p.write_text(text)
+        tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")     # whole or absent: test workers share it
+        tmp.write_text(text)
+        os.replace(tmp, p)
     return str(p)
 
 
