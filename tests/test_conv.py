@@ -410,3 +410,27 @@ def test_wide_gemm_path_matches_stacked(monkeypatch, size, stride, pad, groups, 
                         layer.bn.scales.grad.copy(), prev])
     for a, b in zip(*results):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("size,stride,pad,batch", [(3, 2, 1, 3), (1, 1, 0, 4), (3, 1, 1, 1)])
+def test_one_gemm_forward_equals_chunked(monkeypatch, size, stride, pad, batch):
+    """The forward's single stacked GEMM over the whole batch (`one_gemm`) gives the bits of the
+    chunk-by-chunk loop it replaces (workspace cut to one item per chunk), float32."""
+    from darkpy.kernels import im2col as ic
+    from darkpy.layers import convolutional as convmod
+
+    x = np.random.default_rng(4).uniform(-1, 1, (batch, 5, 9, 8)).astype(np.float32)
+    outs = []
+    for one_item_chunks in (False, True):
+        if one_item_chunks:
+            monkeypatch.setattr(ic, "CHUNK_VALUES", 1)
+        layer = convmod.ConvolutionalLayer(0, (5, 9, 8), 6, size, stride, stride, pad, 1,
+                                           batch_normalize=False, activation="leaky", dtype=np.float32)
+        layer.init_weights(np.random.default_rng(2))
+        layer.biases.value[:] = np.linspace(-0.5, 0.5, 6)
+        layer.allocate(batch)
+        assert not (layer.winograd or layer.direct or layer.wide)
+        assert layer.one_gemm == (not one_item_chunks or batch == 1)
+        layer.forward(State(input=x, delta=None, truth=None, train=False, layers=[]))
+        outs.append(layer.output.copy())
+    assert np.array_equal(outs[0], outs[1])
