@@ -113,7 +113,7 @@ def _net(monkeypatch, direct, dtype=np.float64, **kw):
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(bn=1), dict(s=2, pad=1), dict(k=1, pad=0, c=1),
-                                dict(k=5, pad=2, s=2, c=4), dict(c=16, n=8, h=32, w=33, bn=1)])
+                                dict(k=5, pad=2, s=2, c=4), dict(c=32, n=8, h=32, w=33, bn=1)])
 def test_layer_direct_equals_im2col(monkeypatch, kw):
     """Output, input delta (direct's layer falls back to col2im for it) and weight/bias/scale
     gradients of the direct path equal the im2col path's (float64)."""
@@ -150,7 +150,7 @@ def test_layer_direct_gradcheck(kw):
 
 
 def test_direct_only_where_it_applies():
-    """More than 4 channels (but for 3x3 stride-1 layers on large maps, up to 16), more than 32
+    """More than 4 channels (but for 3x3 stride-1 layers on large maps, up to 32), more than 32
     filters, groups and dilation keep im2col or Winograd."""
     base = dict(batch=2, h=8, w=8, c=4, n=16, k=3, s=1, pad=1, bn=0)
     for kw, expected in ((dict(), True), (dict(c=3), True), (dict(c=5), False), (dict(n=33), False),
@@ -160,9 +160,10 @@ def test_direct_only_where_it_applies():
     for extra in ("groups=2\n", "dilation=2\n"):
         net = network_from_text(CFG.format(**base) + extra)
         assert not net.layers[0].direct, extra
-    # 5-16 channels: 3x3 stride 1 on maps of at least MID_MIN_POSITIONS (32x32) outputs only
+    # 5-32 channels: 3x3 stride 1 on maps of at least MID_MIN_POSITIONS (32x32) outputs only
     mid = base | dict(c=16, n=32, h=32, w=32)
-    for kw, expected in ((dict(), True), (dict(c=5), True), (dict(c=17), False), (dict(n=33), False),
+    for kw, expected in ((dict(), True), (dict(c=5), True), (dict(c=32), True), (dict(c=33), False),
+                         (dict(n=33), False),
                          (dict(w=31), False), (dict(s=2, h=64, w=64), False), (dict(k=5, pad=2), False)):
         net = network_from_text(CFG.format(**(mid | kw)))
         assert net.layers[0].direct is expected, kw

@@ -28,7 +28,7 @@ batch_normalize={bn}
 activation={activation}
 """
 #: path -> (input channels, filters, stride)
-PATHS = {"winograd": (17, 8, 1), "direct": (3, 6, 1), "direct stride 2": (2, 32, 2),
+PATHS = {"winograd": (33, 8, 1), "direct": (3, 6, 1), "direct stride 2": (2, 32, 2),
          "direct 16 channels": (16, 8, 1)}
 
 

@@ -1,5 +1,5 @@
 """Direct convolution for layers with few input channels (first layers: 1-4 channels; 3x3
-layers with up to 16 channels and 32 filters on large maps).
+layers with up to 32 channels and 32 filters on large maps).
 
 A first layer's im2col matrix is thin (K = c·k·k = 9 or 27 rows) but as long as the image, so
 im2col + GEMM spends much of its time writing and re-reading that matrix, and BLAS runs a 16x27
@@ -57,8 +57,10 @@ MAX_FILTERS = 32
 #: yolov3-tiny's 208x208 5.8 -> 3.8 ms, shapes-tiny's 64x64 b64 12.2 -> 11.6 ms and its b32 training
 #: step 95 -> 90 ms; digits' 8x8 layer trains slower (7.0 -> 7.7 ms a b64 step), hence the floor.
 #: With 128 filters it lost to Winograd (tiny.cfg's 16 -> 128 layers at b64: 66 -> 73 ms), and
-#: 32 -> 64 channel layers measured no faster.
-MID_CHANNELS = 16
+#: 32 -> 64 channel layers measured no faster. 32 -> 32 layers gain (yolov4-tiny's two on 104x104,
+#: the suite's only ones, measured the same way: 3.1 -> 2.6 and 3.4 -> 2.6 ms at b1, 134 -> 117 and
+#: 141 -> 113 ms at b64), hence up to 32 channels.
+MID_CHANNELS = 32
 MID_MIN_POSITIONS = 32 * 32
 
 

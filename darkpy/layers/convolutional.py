@@ -74,7 +74,7 @@ FUSED_EPILOGUE = True
 #: slower in one run (539 against 497 + 16 µs) and level in another, for at most the pool's 16 µs.
 POOLED_MIN_POSITIONS = 16 * 16
 #: Direct convolution (kernels/direct.py) for layers with at most 4 input channels and 32 filters
-#: (first layers) and for 3x3 layers with at most 16 channels and 32 filters on large maps
+#: (first layers) and for 3x3 layers with at most 32 channels and 32 filters on large maps
 #: (`dk.supports`): no im2col matrix, in the forward pass and the weight gradient (the input
 #: gradient stays im2col's). It comes before Winograd. False: im2col + GEMM or Winograd.
 DIRECT = True
