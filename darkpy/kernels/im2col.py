@@ -126,7 +126,8 @@ def _unroll_plane(col, wide, x, t, k, stride_y, stride_x, pad, dilation, out_h, 
                 dst = col[r, b, oy * out_w:] if wide else col[b, r, oy * out_w:]
                 if stride_x == 1 or stride_x == 2:
                     # stride 2: value q is buf[2q + kx·d], phase (kx·d) % 2's value q + (kx·d) // 2
-                    src = buf[kx * dilation:] if stride_x == 1 else phases[kx * dilation % 2, kx * dilation // 2:]
+                    src = (buf[kx * dilation:] if stride_x == 1
+                           else phases[kx * dilation % 2, kx * dilation // 2:])
                     for q in range(out_w):
                         dst[q] = src[q]
                 else:
