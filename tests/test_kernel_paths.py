@@ -192,10 +192,11 @@ GEOMS = [  # k, stride_y, stride_x, pad (before dilation), dilation
 
 
 @pytest.mark.parametrize("k,sy,sx,p,dil", GEOMS)
-@pytest.mark.parametrize("nb,c,h,w", [(2, 3, 7, 9), (1, 40, 33, 36), (3, 24, 8, 8)])
+@pytest.mark.parametrize("nb,c,h,w", [(2, 3, 7, 9), (1, 40, 33, 36), (3, 24, 8, 8), (2, 150, 6, 5)])
 def test_im2col_and_col2im_match_reference(k, sy, sx, p, dil, nb, c, h, w):
     """im2col (and im2col_wide, its items side by side) against the slow reference, below and
-    above PARALLEL_MIN_COPY; col2im_add is its adjoint, ADDING into x:
+    above PARALLEL_MIN_COPY, walking padded rows (outputs wider than GATHER_MAX_WIDTH) and through
+    the index table (narrower); col2im_add is its adjoint, ADDING into x:
     <im2col(x), g> == <x, col2im(g)> and the added amount is the reference's transpose."""
     pad = p * dil
     oh = (h + 2 * pad - (dil * (k - 1) + 1)) // sy + 1
@@ -220,6 +221,39 @@ def test_im2col_and_col2im_match_reference(k, sy, sx, p, dil, nb, c, h, w):
         assert math.isclose((im2col_ref(onehot, k, sy, sx, pad, dil, oh, ow) * g).sum(),
                             back[idx] - base[idx], rel_tol=1e-9, abs_tol=1e-12)
         onehot[idx] = 0
+
+
+@pytest.mark.parametrize("k,sy,sx,p,dil", [(3, 1, 1, 1, 1), (3, 2, 2, 1, 1), (2, 1, 3, 0, 1)])
+@pytest.mark.parametrize("nb,c,h,w", [(2, 3, 5, 6), (1, 24, 60, 50), (2, 3, 3, 2)])
+def test_im2col_larger_output_reads_zeros(k, sy, sx, p, dil, nb, c, h, w):
+    """An output larger than the usual formula gives (a caller's choice) reads zeros past the
+    padded image, below and above PARALLEL_MIN_COPY, at every stride path."""
+    pad = p * dil
+    oh = (h + 2 * pad - (dil * (k - 1) + 1)) // sy + 3
+    ow = (w + 2 * pad - (dil * (k - 1) + 1)) // sx + 4
+    x = np.random.default_rng(c).standard_normal((nb, c, h, w))
+    col = np.full((nb, c * k * k, oh * ow), np.nan)
+    ic.im2col(col, x, k, sy, sx, pad, dil, oh, ow)
+    assert np.array_equal(col, im2col_ref(x, k, sy, sx, pad, dil, oh, ow))
+
+
+@pytest.mark.parametrize("nb,c,h,w", [(1, 16, 4, 4), (3, 40, 7, 7)])
+def test_im2col_table_path_equals_row_walk(nb, c, h, w):
+    """On narrow maps the index table and the row walk give the same columns (float32, both
+    layouts, a channel slice that is not contiguous across items taking the row walk)."""
+    x = np.random.default_rng(c).standard_normal((nb, 2 * c, h, w)).astype(np.float32)
+    assert w <= ic.GATHER_MAX_WIDTH
+    for xs in (x, x[:, :c]):            # contiguous: the table; a channel slice: the row walk
+        want = np.zeros((nb, c * 9 if xs.shape[1] == c else 2 * c * 9, h * w), np.float32)
+        ic._unroll_serial(want, False, np.ascontiguousarray(xs), 3, 1, 1, 1, 1, h, w)
+        col = np.full(want.shape, np.nan, np.float32)
+        ic.im2col(col, xs, 3, 1, 1, 1, 1, h, w)
+        assert np.array_equal(col, want)
+        wide = np.full(want.transpose(1, 0, 2).shape, np.nan, np.float32)
+        ic.im2col_wide(wide, xs, 3, 1, 1, 1, 1, h, w)
+        assert np.array_equal(wide, want.transpose(1, 0, 2))
+    assert ic.gather_table(c, h, w, 3, 1, 1, 1, 1, h, w).shape == (c * 9, h * w)
+    assert ic.gather_table(4096, 64, 64, 3, 1, 1, 1, 1, 8, 8) is None     # over GATHER_MAX_ENTRIES
 
 
 # -- training-only kernels with a serial branch (maxpool/upsample backward, softmax cross-entropy) ----

@@ -55,6 +55,20 @@ def test_avgpool_golden_alone(index, source):
     run_standalone("avgpool", index, source)
 
 
+def test_avgpool_sums_in_darknets_order():
+    """float32 global average: Darknet's loop, a float32 sum in input order, then / (h·w) — the
+    same bits as that order computed here (numpy's pairwise sum differs in the last bits)."""
+    net = pool_net("[avgpool]", c=5, h=13, w=11, batch=3, dtype=np.float32)
+    x = np.random.default_rng(7).uniform(-1e3, 1e3, net.input.shape).astype(np.float32)
+    net.forward(x)
+    flat = x.reshape(15, -1)
+    acc = np.zeros(15, np.float32)
+    for j in range(flat.shape[1]):
+        acc += flat[:, j]
+    assert np.array_equal(net.output.reshape(-1), acc / np.float32(flat.shape[1]))
+    assert not np.array_equal(acc, np.sum(flat, axis=1))      # the order is visible at this size
+
+
 # -- geometry against the numpy reference -------------------------------------------------------------
 GEOMETRIES = [  # size, stride_y, stride_x, padding (None = default size-1)
     (2, 2, 2, None), (2, 1, 1, None), (3, 2, 2, None), (3, 2, 2, 0), (3, 1, 1, None), (5, 1, 1, 4),
