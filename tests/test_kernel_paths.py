@@ -240,7 +240,8 @@ def test_im2col_larger_output_reads_zeros(k, sy, sx, p, dil, nb, c, h, w):
 @pytest.mark.parametrize("nb,c,h,w", [(1, 16, 4, 4), (3, 40, 7, 7)])
 def test_im2col_table_path_equals_row_walk(nb, c, h, w):
     """On narrow maps the index table and the row walk give the same columns (float32, both
-    layouts, a channel slice that is not contiguous across items taking the row walk)."""
+    layouts, a channel slice that is not contiguous across items taking the row walk), and
+    col2im through the table the same sums."""
     x = np.random.default_rng(c).standard_normal((nb, 2 * c, h, w)).astype(np.float32)
     assert w <= ic.GATHER_MAX_WIDTH
     for xs in (x, x[:, :c]):            # contiguous: the table; a channel slice: the row walk
@@ -252,6 +253,15 @@ def test_im2col_table_path_equals_row_walk(nb, c, h, w):
         wide = np.full(want.transpose(1, 0, 2).shape, np.nan, np.float32)
         ic.im2col_wide(wide, xs, 3, 1, 1, 1, 1, h, w)
         assert np.array_equal(wide, want.transpose(1, 0, 2))
+    # col2im through the table adds in the row walk's order: the same bits, both layouts
+    g = np.random.default_rng(1).standard_normal((nb, c * 9, h * w)).astype(np.float32)
+    base = np.random.default_rng(2).standard_normal((nb, c, h, w)).astype(np.float32)
+    walk, table, walk_w, table_w = base.copy(), base.copy(), base.copy(), base.copy()
+    ic._col2im_walk(walk, g, 3, 1, 1, 1, 1, h, w)
+    ic.col2im_add(table, g, 3, 1, 1, 1, 1, h, w)
+    ic._col2im_wide_walk(walk_w, np.ascontiguousarray(g.transpose(1, 0, 2)), 3, 1, 1, 1, 1, h, w)
+    ic.col2im_wide_add(table_w, np.ascontiguousarray(g.transpose(1, 0, 2)), 3, 1, 1, 1, 1, h, w)
+    assert np.array_equal(walk, table) and np.array_equal(walk_w, table_w) and not np.array_equal(walk, base)
     assert ic.gather_table(c, h, w, 3, 1, 1, 1, 1, h, w).shape == (c * 9, h * w)
     assert ic.gather_table(4096, 64, 64, 3, 1, 1, 1, 1, 8, 8) is None     # over GATHER_MAX_ENTRIES
 

@@ -333,11 +333,16 @@ def _col2im_channel(x, col, bc, k, stride_y, stride_x, pad, dilation, out_h, out
                         dst[t * stride_x] += sv[t]
 
 
-@pjit
 def col2im_add(x, col, k, stride_y, stride_x, pad, dilation, out_h, out_w):
     """x: (nb, c, h, w) delta, ADDED to; col: (nb, c·k·k, out_h·out_w). The adjoint of `im2col`.
     One thread per (item, input channel), so no two threads write the same element; serial below
-    PARALLEL_MIN values."""
+    PARALLEL_MIN values. Through the index table where `im2col` uses it (`_scatter_add`)."""
+    if not _scatter_add(x, col, False, k, stride_y, stride_x, pad, dilation, out_h, out_w):
+        _col2im_walk(x, col, k, stride_y, stride_x, pad, dilation, out_h, out_w)
+
+
+@pjit
+def _col2im_walk(x, col, k, stride_y, stride_x, pad, dilation, out_h, out_w):
     nb, c = x.shape[:2]
     if col.size < PARALLEL_MIN:
         for bc in range(nb * c):
@@ -356,10 +361,16 @@ def im2col_wide(col, x, k, stride_y, stride_x, pad, dilation, out_h, out_w):
     _unroll(col, True, x, k, stride_y, stride_x, pad, dilation, out_h, out_w)
 
 
-@pjit
 def col2im_wide_add(x, col, k, stride_y, stride_x, pad, dilation, out_h, out_w):
     """x: (nb, c, h, w) delta, ADDED to; col: (c·k·k, nb, out_h·out_w) laid out as `im2col_wide`'s.
-    Its adjoint. One thread per (input channel, item), so no two threads write one element."""
+    Its adjoint. One thread per (input channel, item), so no two threads write one element.
+    Through the index table where `im2col_wide` uses it (`_scatter_add`)."""
+    if not _scatter_add(x, col, True, k, stride_y, stride_x, pad, dilation, out_h, out_w):
+        _col2im_wide_walk(x, col, k, stride_y, stride_x, pad, dilation, out_h, out_w)
+
+
+@pjit
+def _col2im_wide_walk(x, col, k, stride_y, stride_x, pad, dilation, out_h, out_w):
     nb, c, h, w = x.shape
     for cb in prange(c * nb):
         ci = cb // nb
@@ -376,6 +387,51 @@ def col2im_wide_add(x, col, k, stride_y, stride_x, pad, dilation, out_h, out_w):
                     base = oy * out_w
                     for ox in range(lo, hi):
                         x[b, ci, iy, ox * stride_x + xoff] += col[r, b, base + ox]
+
+
+def _scatter_add(x, col, wide, k, stride_y, stride_x, pad, dilation, out_h, out_w) -> bool:
+    """col2im through `gather_table` on the maps `_unroll` gathers (False: not such a map). Each
+    (item, channel) task adds its k·k column rows into its own plane, entries in table order, which
+    is the row walk's order of additions into each input value: the same bits. Measured (2
+    threads, 3x3, stride 1): 32 × 4×4 at b64 444 → 185 µs, 1024 × 7×7 at b1 499 → 181 µs."""
+    if out_w > GATHER_MAX_WIDTH or not x.flags.c_contiguous:
+        return False
+    table = gather_table(*x.shape[1:], k, stride_y, stride_x, pad, dilation, out_h, out_w)
+    if table is None:
+        return False
+    if col.size < PARALLEL_MIN:
+        _scatter_serial(x, col, wide, table, k * k)
+    else:
+        _scatter_parallel(x, col, wide, table, k * k)
+    return True
+
+
+@jit
+def _scatter_plane(x, col, wide, table, taps, cb):
+    """Task cb = ci·nb + b of `_scatter_add`: x[b, ci] += its column rows ci·taps .. + taps."""
+    nb = x.shape[0]
+    ci = cb // nb
+    b = cb % nb
+    xf = x[b].ravel()
+    for r in range(ci * taps, (ci + 1) * taps):
+        src = col[r, b] if wide else col[b, r]
+        idx = table[r]
+        for q in range(idx.shape[0]):
+            i = idx[q]
+            if i >= 0:
+                xf[i] += src[q]
+
+
+@jit
+def _scatter_serial(x, col, wide, table, taps):
+    for cb in range(x.shape[0] * x.shape[1]):
+        _scatter_plane(x, col, wide, table, taps, cb)
+
+
+@pjit
+def _scatter_parallel(x, col, wide, table, taps):
+    for cb in prange(x.shape[0] * x.shape[1]):
+        _scatter_plane(x, col, wide, table, taps, cb)
 
 
 @pjit
