@@ -266,6 +266,19 @@ def test_im2col_table_path_equals_row_walk(nb, c, h, w):
     assert ic.gather_table(4096, 64, 64, 3, 1, 1, 1, 1, 8, 8) is None     # over GATHER_MAX_ENTRIES
 
 
+def test_gather_tables_kept_within_budget(monkeypatch):
+    """Tables past TABLE_BUDGET bytes drop the oldest; a dropped one is built again, equal."""
+    monkeypatch.setattr(ic, "_TABLES", {})
+    monkeypatch.setattr(ic, "TABLE_BUDGET", 3 * 64 * 9 * 64 * 4)        # three 64-channel 8x8 tables
+    first = ic.gather_table(64, 8, 8, 3, 1, 1, 1, 1, 8, 8)
+    for c in (65, 66, 67):
+        ic.gather_table(c, 8, 8, 3, 1, 1, 1, 1, 8, 8)
+    assert sum(t.nbytes for t in ic._TABLES.values()) <= ic.TABLE_BUDGET
+    assert (64, 8, 8, 3, 1, 1, 1, 1, 8, 8) not in ic._TABLES
+    again = ic.gather_table(64, 8, 8, 3, 1, 1, 1, 1, 8, 8)
+    assert again is not first and np.array_equal(again, first) and not again.flags.writeable
+
+
 # -- training-only kernels with a serial branch (maxpool/upsample backward, softmax cross-entropy) ----
 @pytest.mark.parametrize("items", [2, 40])        # 2: below PARALLEL_MIN, 40: above it
 def test_maxpool_backward_both_branches(items):

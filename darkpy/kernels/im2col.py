@@ -14,6 +14,9 @@ item (deconvolutional uses them); `im2col_wide`/`col2im_wide_add` put the items 
 (c·k·k, items·oh·ow) matrix, so the convolutional layer makes ONE 2-D GEMM per chunk — for deep,
 small-spatial layers at batch 16–64 that measured ~2x faster than numpy's stacked matmul, which calls
 one small GEMM per item — and `rows_to_items` turns the (n, items·oh·ow) result back batch-major.
+Unrolling walks zero-padded input rows (`_unroll_plane`, `_unroll_plane_s1`); on maps at most
+GATHER_MAX_WIDTH wide, where that walk's per-segment cost dominates, both directions go through a
+per-geometry index table instead (`gather_table`, `_scatter_add`).
 The column buffer is large and only needed while one layer runs, so every layer shares one
 workspace per dtype, as Darknet shares `net.workspace`. Layers `reserve()` their size in
 `allocate()` and take views with `get()` in forward/backward; the buffer only grows, so no hot path
@@ -21,8 +24,6 @@ allocates. Consequence: two networks must not run forward/backward at the same t
 threads of one process.
 """
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 from numba import prange
@@ -228,27 +229,35 @@ def _unroll_parallel(col, wide, x, k, stride_y, stride_x, pad, dilation, out_h, 
 #: table: 32 channels 4×4 10.1 → 3.7 µs, 64 × 7×7 27 → 15, 512 × 7×7 221 → 153, 128 × 8×8 45 → 37,
 #: 512 × 2×2 70 → 9.4; at width 10 the table was slower (19 → 22), at 32 2.9x slower.
 GATHER_MAX_WIDTH = 8
-#: The largest table kept (int32 entries, c·k·k·oh·ow; 8 MiB): darknet19's 1024-channel 3x3 on
+#: The largest table built (int32 entries, c·k·k·oh·ow; 8 MiB): darknet19's 1024-channel 3x3 on
 #: 7×7 needs 451,584.
 GATHER_MAX_ENTRIES = 1 << 21
+#: Bytes of tables kept in all; past it the oldest are dropped (and built again when used).
+TABLE_BUDGET = 64 << 20
+_TABLES: dict[tuple, np.ndarray | None] = {}
 
 
-@functools.lru_cache(maxsize=64)
 def gather_table(c, h, w, k, stride_y, stride_x, pad, dilation, out_h, out_w) -> np.ndarray | None:
-    """(c·k·k, out_h·out_w) int32: for each column entry of one item, the flat index
+    """(c·k·k, out_h·out_w) int32, read-only: for each column entry of one item, the flat index
     (ci·h + iy)·w + ix of the input value it holds, or -1 where it reads padding. None when it
-    would have more than GATHER_MAX_ENTRIES entries. Cached per geometry (a layer's table is
-    built on its first forward)."""
-    if c * k * k * out_h * out_w > GATHER_MAX_ENTRIES:
-        return None
-    ci, ky, kx, oy, ox = np.meshgrid(np.arange(c), np.arange(k), np.arange(k), np.arange(out_h),
-                                     np.arange(out_w), indexing="ij", sparse=True)
-    iy = oy * stride_y - pad + ky * dilation
-    ix = ox * stride_x - pad + kx * dilation
-    inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
-    table = np.where(inside, (ci * h + iy) * w + ix, -1).astype(np.int32)
-    table = np.ascontiguousarray(table.reshape(c * k * k, out_h * out_w))
-    table.flags.writeable = False
+    would have more than GATHER_MAX_ENTRIES entries. Kept per geometry (a layer's table is built
+    on its first pass), TABLE_BUDGET bytes in all."""
+    key = (c, h, w, k, stride_y, stride_x, pad, dilation, out_h, out_w)
+    if key in _TABLES:
+        return _TABLES[key]
+    table = None
+    if c * k * k * out_h * out_w <= GATHER_MAX_ENTRIES:
+        ci, ky, kx, oy, ox = np.meshgrid(np.arange(c), np.arange(k), np.arange(k), np.arange(out_h),
+                                         np.arange(out_w), indexing="ij", sparse=True)
+        iy = oy * stride_y - pad + ky * dilation
+        ix = ox * stride_x - pad + kx * dilation
+        inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
+        table = np.where(inside, (ci * h + iy) * w + ix, -1).astype(np.int32)
+        table = np.ascontiguousarray(table.reshape(c * k * k, out_h * out_w))
+        table.flags.writeable = False
+    _TABLES[key] = table
+    while sum(t.nbytes for t in _TABLES.values() if t is not None) > TABLE_BUDGET:
+        del _TABLES[next(iter(_TABLES))]
     return table
 
 
