@@ -87,7 +87,9 @@ def _unroll_plane(col, wide, x, t, k, stride_y, stride_x, pad, dilation, out_h, 
     makes short rows fast: the old per-segment zero / copy / zero loops cost 1-2 ns per value on
     8-16 wide maps, this 0.3-0.6 (0.15 on 32+ wide ones). With stride 2 across, the row is split
     once into its even and odd columns (`_split_pairs`), so each (ky, kx) copies a contiguous run
-    of one of them instead of gathering every second value."""
+    of one of them instead of gathering every second value. Used at strides other than 1 across;
+    stride 1 has its own copy of this walk (`_unroll_plane_s1`): the duplicated loop header is the
+    price of keeping the strided loop out of the stride-1 nest."""
     _, c, h, w = x.shape
     b = t // c
     ci = t % c
