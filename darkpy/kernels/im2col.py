@@ -293,19 +293,26 @@ def _gather_parallel(col, wide, x, table, zero, rows_per_task):
         _gather_task(col, wide, x, table, zero, t, rows_per_task)
 
 
+def _table_for(x, k, stride_y, stride_x, pad, dilation, out_h, out_w) -> np.ndarray | None:
+    """The index table both directions use for x (nb, c, h, w), or None: an output wider than
+    GATHER_MAX_WIDTH, an x whose items are not C-contiguous, or a table too large."""
+    if out_w > GATHER_MAX_WIDTH or not x.flags.c_contiguous:
+        return None
+    return gather_table(*x.shape[1:], k, stride_y, stride_x, pad, dilation, out_h, out_w)
+
+
 def _unroll(col, wide, x, k, stride_y, stride_x, pad, dilation, out_h, out_w):
     """`im2col`/`im2col_wide`'s work: through the index table on narrow maps (a C-contiguous x),
     else walking padded rows; on several threads from PARALLEL_MIN_COPY values."""
     parallel = col.size >= PARALLEL_MIN_COPY
-    if out_w <= GATHER_MAX_WIDTH and x.flags.c_contiguous:
-        table = gather_table(*x.shape[1:], k, stride_y, stride_x, pad, dilation, out_h, out_w)
-        if table is not None:
-            zero = x.dtype.type(0)
-            if parallel:            # about 8 tasks per item: a batch-1 layer still splits
-                _gather_parallel(col, wide, x, table, zero, max(1, -(-table.shape[0] // 8)))
-            else:
-                _gather_serial(col, wide, x, table, zero)
-            return
+    table = _table_for(x, k, stride_y, stride_x, pad, dilation, out_h, out_w)
+    if table is not None:
+        zero = x.dtype.type(0)
+        if parallel:                # about 8 tasks per item: a batch-1 layer still splits
+            _gather_parallel(col, wide, x, table, zero, max(1, -(-table.shape[0] // 8)))
+        else:
+            _gather_serial(col, wide, x, table, zero)
+        return
     run = _unroll_parallel if parallel else _unroll_serial
     run(col, wide, x, k, stride_y, stride_x, pad, dilation, out_h, out_w)
 
@@ -405,9 +412,7 @@ def _scatter_add(x, col, wide, k, stride_y, stride_x, pad, dilation, out_h, out_
     (item, channel) task adds its k·k column rows into its own plane, entries in table order, which
     is the row walk's order of additions into each input value: the same bits. Measured (2
     threads, 3x3, stride 1): 32 × 4×4 at b64 444 → 185 µs, 1024 × 7×7 at b1 499 → 181 µs."""
-    if out_w > GATHER_MAX_WIDTH or not x.flags.c_contiguous:
-        return False
-    table = gather_table(*x.shape[1:], k, stride_y, stride_x, pad, dilation, out_h, out_w)
+    table = _table_for(x, k, stride_y, stride_x, pad, dilation, out_h, out_w)
     if table is None:
         return False
     if col.size < PARALLEL_MIN:

@@ -413,7 +413,7 @@ class ConvolutionalLayer(WinogradConv, Layer):
         wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
         if self.rows_gemm:
             blas.matmul(x.reshape(self.batch, -1), wmat[0].T, out=y.reshape(self.batch, self.n))
-        elif self.one_gemm and not (self.winograd or self.direct):   # `_chunks`' one block, unsliced
+        elif self.one_gemm:                 # `_chunks`' one block, unsliced (never with Winograd/direct)
             blas.matmul(wmat[0], self._columns(x), out=y)
         for items, j, cin, fout in ([] if self.winograd or self.direct or self.rows_gemm or self.one_gemm
                                     else self._chunks()):
