@@ -188,6 +188,7 @@ def im2col_ref(x, k, sy, sx, pad, dil, oh, ow):
 GEOMS = [  # k, stride_y, stride_x, pad (before dilation), dilation
     (3, 1, 1, 1, 1), (3, 2, 2, 1, 1), (1, 1, 1, 0, 1), (1, 2, 2, 0, 1), (7, 2, 2, 3, 1), (3, 1, 2, 0, 1),
     (3, 3, 1, 2, 1), (3, 1, 1, 1, 2), (5, 2, 1, 3, 2), (2, 1, 1, 4, 1), (3, 2, 2, 1, 2), (2, 2, 2, 1, 1),
+    (3, 3, 3, 1, 1),    # stride 3 across: the generic strided walk
 ]
 
 

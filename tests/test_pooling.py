@@ -8,7 +8,7 @@ import pytest
 from darkpy import CfgError
 from darkpy.kernels import PARALLEL_MIN
 from darkpy.layers.base import State
-from darkpy.layers.pooling import EMPTY
+from darkpy.layers.pooling import EMPTY, avgpool_forward
 from darkpy.network import network_from_text
 from helpers import assert_close, layer_gradcheck
 from layer_checks import check_outputs, run_golden, run_standalone
@@ -67,6 +67,20 @@ def test_avgpool_sums_in_darknets_order():
         acc += flat[:, j]
     assert np.array_equal(net.output.reshape(-1), acc / np.float32(flat.shape[1]))
     assert not np.array_equal(acc, np.sum(flat, axis=1))      # the order is visible at this size
+
+
+@pytest.mark.parametrize("c, batch", [(5, 3), (67, 9)])        # 15 rows; 603 rows of 143: the parallel loop
+def test_avgpool_kernel_sums_in_order(c, batch):
+    """avgpool_forward on both sides of its parallel threshold, and row counts that are not a
+    multiple of its group of rows: every row the float32 sum in input order, / S."""
+    x = np.random.default_rng(c).uniform(-1e3, 1e3, (c * batch, 13 * 11)).astype(np.float32)
+    assert (x.size >= PARALLEL_MIN) == (c > 5)
+    out = np.full(x.shape[0], np.nan, np.float32)
+    avgpool_forward(out, x)
+    acc = np.zeros(x.shape[0], np.float32)
+    for j in range(x.shape[1]):
+        acc += x[:, j]
+    assert np.array_equal(out, acc / np.float32(x.shape[1]))
 
 
 # -- geometry against the numpy reference -------------------------------------------------------------

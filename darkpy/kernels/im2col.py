@@ -14,7 +14,7 @@ item (deconvolutional uses them); `im2col_wide`/`col2im_wide_add` put the items 
 (c·k·k, items·oh·ow) matrix, so the convolutional layer makes ONE 2-D GEMM per chunk — for deep,
 small-spatial layers at batch 16–64 that measured ~2x faster than numpy's stacked matmul, which calls
 one small GEMM per item — and `rows_to_items` turns the (n, items·oh·ow) result back batch-major.
-Unrolling walks zero-padded input rows (`_unroll_plane`, `_unroll_plane_s1`); on maps at most
+Unrolling walks zero-padded input rows (`_unroll_plane_s12`, `_unroll_plane`); on maps at most
 GATHER_MAX_WIDTH wide, where that walk's per-segment cost dominates, both directions go through a
 per-geometry index table instead (`gather_table`, `_scatter_add`).
 The column buffer is large and only needed while one layer runs, so every layer shares one
@@ -85,11 +85,9 @@ def _unroll_plane(col, wide, x, t, k, stride_y, stride_x, pad, dilation, out_h, 
     built once in a small row buffer (zeros, then the image row), and every (ky, kx) that reads it
     copies out_w values from it, with no test per value. One loop per column row segment is what
     makes short rows fast: the old per-segment zero / copy / zero loops cost 1-2 ns per value on
-    8-16 wide maps, this 0.3-0.6 (0.15 on 32+ wide ones). With stride 2 across, the row is split
-    once into its even and odd columns (`_split_pairs`), so each (ky, kx) copies a contiguous run
-    of one of them instead of gathering every second value. Used at strides other than 1 across;
-    stride 1 has its own copy of this walk (`_unroll_plane_s1`): the duplicated loop header is the
-    price of keeping the strided loop out of the stride-1 nest."""
+    8-16 wide maps, this 0.3-0.6 (0.15 on 32+ wide ones). Used at strides of 3 and more across;
+    strides 1 and 2 have their own copy of this walk (`_unroll_plane_s12`): the duplicated loop
+    header is the price of keeping the strided gather out of that nest."""
     _, c, h, w = x.shape
     b = t // c
     ci = t % c
@@ -98,8 +96,6 @@ def _unroll_plane(col, wide, x, t, k, stride_y, stride_x, pad, dilation, out_h, 
     hp = max(h + 2 * pad, (out_h - 1) * stride_y + (k - 1) * dilation + 1)
     wp = max(w + 2 * pad, (out_w - 1) * stride_x + (k - 1) * dilation + 1)
     buf = np.empty(wp, x.dtype)
-    half = (wp + 1) // 2
-    phases = np.empty((2, half) if stride_x == 2 else (2, 0), x.dtype)
     plane = x[b, ci]
     for yp in range(hp):
         built = False
@@ -123,31 +119,26 @@ def _unroll_plane(col, wide, x, t, k, stride_y, stride_x, pad, dilation, out_h, 
                     tail = buf[pad + w:]
                     for q in range(wp - pad - w):
                         tail[q] = 0
-                if stride_x == 2:
-                    _split_pairs(phases, buf)
                 built = True
             for kx in range(k):
                 r = (ci * k + ky) * k + kx
                 dst = col[r, b, oy * out_w:] if wide else col[b, r, oy * out_w:]
-                if stride_x == 1 or stride_x == 2:
-                    # stride 2: value q is buf[2q + kx·d], phase (kx·d) % 2's value q + (kx·d) // 2
-                    src = (buf[kx * dilation:] if stride_x == 1
-                           else phases[kx * dilation % 2, kx * dilation // 2:])
-                    for q in range(out_w):
-                        dst[q] = src[q]
-                else:
-                    src = buf[kx * dilation:]
-                    for q in range(out_w):
-                        dst[q] = src[q * stride_x]
+                src = buf[kx * dilation:]
+                for q in range(out_w):
+                    dst[q] = src[q * stride_x]
 
 
 @jit
-def _unroll_plane_s1(col, wide, x, t, k, stride_y, pad, dilation, out_h, out_w, buf):
-    """`_unroll_plane` at stride 1 across, with the row buffer `buf` given (allocated once per
-    call, not per plane): at least w + 2·pad values and the extra columns a larger output reads,
-    zero outside its image part [pad, pad + w), which is the only part written here. No strided
-    loop shares this loop nest: with one beside the contiguous copies (`_unroll_plane`), they ran
-    ~1.5x slower (8×8 maps, 16 channels: 9.0 → 6.1 µs; 32×32: 51 → 30 µs)."""
+def _unroll_plane_s12(col, wide, x, t, k, stride_y, pad, dilation, out_h, out_w, buf, phases):
+    """`_unroll_plane` at stride 1 or 2 across, with the row buffer `buf` and `phases` given
+    (`_row_buffers`: allocated once per call, not per plane). `buf` holds at least w + 2·pad values
+    and the extra columns a larger output reads, zero outside its image part [pad, pad + w), which
+    is the only part written here. At stride 2 (`phases` (2, ⌈wp/2⌉), else (2, 0)) each built row
+    is split once into its even and odd columns (`_split_pairs`), so every (ky, kx) copies a
+    contiguous run of one of them, as at stride 1 of `buf` itself. No strided gather shares this
+    loop nest: with one beside the contiguous copies (as in `_unroll_plane`) they ran ~1.5x slower
+    (stride 1, 8×8 maps, 16 channels: 9.0 → 6.1 µs; 32×32: 51 → 30 µs; stride 2, one core, Zen 3:
+    32 × 208×208 1.48 → 0.86 ms, 3 × 224×224 7×7 392 → 241 µs, 128 × 56×56 at b4 3.0 → 2.3 ms)."""
     _, c, h, w = x.shape
     b = t // c
     ci = t % c
@@ -176,11 +167,15 @@ def _unroll_plane_s1(col, wide, x, t, k, stride_y, pad, dilation, out_h, out_w, 
                     for q in range(w):
                         inner[q] = src[q]
                     zero = False
+                if phases.shape[1]:
+                    _split_pairs(phases, buf)
                 built = True
             for kx in range(k):
                 r = (ci * k + ky) * k + kx
                 dst = col[r, b, oy * out_w:] if wide else col[b, r, oy * out_w:]
-                src = buf[kx * dilation:]
+                # stride 2: value q is buf[2q + kx·d], phase (kx·d) % 2's value q + (kx·d) // 2
+                src = (phases[kx * dilation % 2, kx * dilation // 2:] if phases.shape[1]
+                       else buf[kx * dilation:])
                 for q in range(out_w):
                     dst[q] = src[q]
 
@@ -203,11 +198,11 @@ def _split_pairs(phases, buf):
 
 @jit
 def _unroll_serial(col, wide, x, k, stride_y, stride_x, pad, dilation, out_h, out_w):
-    nb, c, _, w = x.shape
-    if stride_x == 1:
-        buf = np.zeros(max(w + 2 * pad, out_w + (k - 1) * dilation), x.dtype)
+    nb, c = x.shape[:2]
+    if stride_x <= 2:
+        buf, phases = _row_buffers(x, k, stride_x, pad, dilation, out_w)
         for t in range(nb * c):
-            _unroll_plane_s1(col, wide, x, t, k, stride_y, pad, dilation, out_h, out_w, buf)
+            _unroll_plane_s12(col, wide, x, t, k, stride_y, pad, dilation, out_h, out_w, buf, phases)
         return
     for t in range(nb * c):
         _unroll_plane(col, wide, x, t, k, stride_y, stride_x, pad, dilation, out_h, out_w)
@@ -215,14 +210,22 @@ def _unroll_serial(col, wide, x, k, stride_y, stride_x, pad, dilation, out_h, ou
 
 @pjit
 def _unroll_parallel(col, wide, x, k, stride_y, stride_x, pad, dilation, out_h, out_w):
-    nb, c, _, w = x.shape
-    if stride_x == 1:
+    nb, c = x.shape[:2]
+    if stride_x <= 2:
         for t in prange(nb * c):
-            buf = np.zeros(max(w + 2 * pad, out_w + (k - 1) * dilation), x.dtype)
-            _unroll_plane_s1(col, wide, x, t, k, stride_y, pad, dilation, out_h, out_w, buf)
+            buf, phases = _row_buffers(x, k, stride_x, pad, dilation, out_w)
+            _unroll_plane_s12(col, wide, x, t, k, stride_y, pad, dilation, out_h, out_w, buf, phases)
         return
     for t in prange(nb * c):
         _unroll_plane(col, wide, x, t, k, stride_y, stride_x, pad, dilation, out_h, out_w)
+
+
+@jit
+def _row_buffers(x, k, stride_x, pad, dilation, out_w):
+    """`_unroll_plane_s12`'s zeroed padded-row buffer and, at stride 2 across, its two phases
+    ((2, 0) at stride 1)."""
+    wp = max(x.shape[3] + 2 * pad, (out_w - 1) * stride_x + (k - 1) * dilation + 1)
+    return np.zeros(wp, x.dtype), np.empty((2, (wp + 1) // 2 if stride_x == 2 else 0), x.dtype)
 
 
 #: Output widths up to which `im2col`/`im2col_wide` copy through an index table (`gather_table`)
