@@ -245,8 +245,8 @@ _TABLES: dict[tuple, np.ndarray | None] = {}
 def gather_table(c, h, w, k, stride_y, stride_x, pad, dilation, out_h, out_w) -> np.ndarray | None:
     """(c·k·k, out_h·out_w) int32, read-only: for each column entry of one item, the flat index
     (ci·h + iy)·w + ix of the input value it holds, or -1 where it reads padding. None when it
-    would have more than GATHER_MAX_ENTRIES entries (or an item 2^31 values or more). Kept per geometry (a layer's table is built
-    on its first pass), TABLE_BUDGET bytes in all."""
+    would have more than GATHER_MAX_ENTRIES entries, or for an item of 2^31 values or more. Kept
+    per geometry (a layer's table is built on its first pass), TABLE_BUDGET bytes in all."""
     key = (c, h, w, k, stride_y, stride_x, pad, dilation, out_h, out_w)
     if key in _TABLES:
         return _TABLES[key]
