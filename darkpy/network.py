@@ -249,8 +249,11 @@ class Network:
             raise StateError(f"{self.file}: this network was built with shapes_only=True (sizes only); "
                              f"build it without to run it")
         check_network_fits(self.layers, batch, self.dtype, self.file)
-        plan_kept_filters(self.layers, batch, fixed=self._share_keep is not None)
+        fixed = self._share_keep is not None
+        plan_kept_filters(self.layers, batch, fixed=fixed)
         for layer in self.layers:
+            if hasattr(layer, "inference_only"):
+                layer.inference_only = fixed
             layer.allocate(batch)
         self.input = np.zeros((batch, *self._input_shape), self.dtype)
         self.truth = np.zeros((batch, self.truths), self.dtype)

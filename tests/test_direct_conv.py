@@ -45,7 +45,8 @@ def weight_grad(x, d, k, sy, sx, pad):
 # (batch, channels, h, w, filters, k, stride_y, stride_x, pad)
 SHAPES = [(2, 3, 9, 11, 5, 3, 2, 2, 1), (3, 1, 16, 16, 16, 3, 1, 1, 1), (2, 3, 8, 7, 4, 3, 1, 1, 0),
           (1, 2, 5, 5, 3, 1, 1, 1, 0), (2, 4, 13, 10, 6, 5, 3, 3, 2), (2, 3, 6, 6, 4, 3, 1, 1, 2),
-          (1, 1, 1, 1, 2, 3, 1, 1, 1), (2, 2, 7, 9, 3, 2, 1, 2, 0), (1, 3, 9, 9, 7, 7, 2, 1, 3)]
+          (1, 1, 1, 1, 2, 3, 1, 1, 1), (2, 2, 7, 9, 3, 2, 1, 2, 0), (1, 3, 9, 9, 7, 7, 2, 1, 3),
+          (2, 16, 12, 10, 42, 3, 1, 1, 1)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -150,21 +151,32 @@ def test_layer_direct_gradcheck(kw):
 
 
 def test_direct_only_where_it_applies():
-    """More than 4 channels (but for 3x3 stride-1 layers on large maps, up to 32), more than 32
-    filters, groups and dilation keep im2col or Winograd."""
+    """More than 4 channels (but for 3x3 stride-1 layers on large maps, or on small maps in a small
+    batch of a network that only infers, up to 32), more than 32 filters (128 for 3x3 kernels),
+    groups and dilation keep im2col or Winograd."""
     base = dict(batch=2, h=8, w=8, c=4, n=16, k=3, s=1, pad=1, bn=0)
-    for kw, expected in ((dict(), True), (dict(c=3), True), (dict(c=5), False), (dict(n=33), False),
-                         (dict(n=32, c=1), True)):
+    for kw, expected in ((dict(), True), (dict(c=3), True), (dict(c=5), False),
+                         (dict(n=128), True), (dict(n=129), False), (dict(n=32, c=1), True),
+                         (dict(k=5, pad=2, n=32), True), (dict(k=5, pad=2, n=33), False)):
         net = network_from_text(CFG.format(**(base | kw)))
         assert net.layers[0].direct is expected, kw
     for extra in ("groups=2\n", "dilation=2\n"):
         net = network_from_text(CFG.format(**base) + extra)
         assert not net.layers[0].direct, extra
-    # 5-32 channels: 3x3 stride 1 on maps of at least MID_MIN_POSITIONS (32x32) outputs only
+    # 5-32 channels, 3x3 stride 1: maps of at least MID_MIN_POSITIONS (32x32) outputs, or, inferring
+    # only, of at least SMALL_MIN_POSITIONS (8x8) with at most SMALL_MAX_BATCH_POSITIONS in the batch
     mid = base | dict(c=16, n=32, h=32, w=32)
-    for kw, expected in ((dict(), True), (dict(c=5), True), (dict(c=32), True), (dict(c=33), False),
-                         (dict(n=33), False),
-                         (dict(w=31), False), (dict(s=2, h=64, w=64), False), (dict(k=5, pad=2), False)):
+    for kw, expected, inferring in (
+            (dict(), True, True), (dict(c=5), True, True), (dict(c=32), True, True),
+            (dict(c=33), False, False), (dict(n=128), True, True), (dict(n=129), False, False),
+            (dict(w=31), False, True), (dict(w=31, batch=5), False, False),
+            (dict(h=8, w=8, batch=64), False, True), (dict(h=8, w=8, batch=65), False, False),
+            (dict(h=7, w=8, batch=1), False, False),
+            (dict(s=2, h=64, w=64), False, False), (dict(k=5, pad=2), False, False)):
         net = network_from_text(CFG.format(**(mid | kw)))
+        assert net.layers[0].direct is expected, kw
+        net.share_outputs()
+        assert net.layers[0].direct is inferring, kw
+        net.unshare_outputs()
         assert net.layers[0].direct is expected, kw
         assert not (net.layers[0].direct and net.layers[0].winograd)

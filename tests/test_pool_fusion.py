@@ -11,9 +11,10 @@ import pytest
 import darkpy.layers.convolutional as conv
 from benchmarks.engine import sane_weights
 from darkpy import outputs_plan
+from darkpy.kernels import direct as dk
 from darkpy.network import network_from_text
 
-#: conv (3 -> 16, direct) -> maxpool -> conv (16 -> 40, Winograd: over direct's 32 filters)
+#: conv (3 -> 16, direct) -> maxpool -> conv (16 -> 40, Winograd: `_pin_the_paths`)
 #: -> maxpool -> conv 1x1 -> maxpool stride 1 (never fused) -> conv 1x1 (the output)
 NET = """
 [net]
@@ -50,6 +51,16 @@ filters=4
 size=1
 activation=linear
 """
+
+
+@pytest.fixture(autouse=True)
+def _pin_the_paths():
+    """The second convolution (16 -> 40 on 24x24 or 56x56) on Winograd, the first on the direct
+    path, whatever the direct path's reach (kernels/direct.py: MAX_FILTERS_3X3, small maps)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dk, "SMALL_MAX_BATCH_POSITIONS", 0)
+        mp.setattr(dk, "MAX_FILTERS_3X3", 32)
+        yield
 
 
 def _net(s=48, bn=1, act="leaky", batch=2, dtype=np.float32, extra=""):

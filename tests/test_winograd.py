@@ -7,12 +7,23 @@ import pytest
 
 import darkpy.layers.conv_winograd as cw
 import darkpy.layers.convolutional as conv
+from darkpy.kernels import direct as dk
 from darkpy.kernels import im2col as ic
 from darkpy.kernels import winograd as wg
 from darkpy.layers.base import State
 
 from darkpy.network import network_from_text
 from helpers import layer_gradcheck
+
+
+@pytest.fixture(autouse=True)
+def _small_maps_keep_their_path():
+    """This file's layers have small maps in small batches, which the direct path would otherwise
+    take (kernels/direct.py, SMALL_MAX_BATCH_POSITIONS). Its own MonkeyPatch: a test's
+    `monkeypatch.undo()` leaves it in place."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dk, "SMALL_MAX_BATCH_POSITIONS", 0)
+        yield
 
 
 def direct_correlation(x, w, pad):

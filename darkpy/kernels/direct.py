@@ -1,5 +1,5 @@
 """Direct convolution for layers with few input channels (first layers: 1-4 channels; 3x3
-layers with up to 32 channels and 32 filters on large maps).
+layers with up to 32 channels and 128 filters on large maps, or small maps in a small batch).
 
 A first layer's im2col matrix is thin (K = c·k·k = 9 or 27 rows) but as long as the image, so
 im2col + GEMM spends much of its time writing and re-reading that matrix, and BLAS runs a 16x27
@@ -13,8 +13,9 @@ K = 16, as far below it. These kernels work on blocks of output rows instead:
   padding, with no bounds tests in the inner loops (positions with ox ≥ OW are computed and
   dropped: a few percent more work);
 - forward: per filter, the block's outputs are the sum over the taps of weight × run; four
-  filters at a time, three taps of a kernel row per pass (3x3 layers), a contiguous loop the
-  compiler vectorises;
+  filters at a time: for 3x3 kernels 16 positions of the four filters at a time in eight SIMD
+  vectors (kernels/simd.py) that stay in registers over all the taps, for other sizes one tap per
+  pass over the whole run, a contiguous loop the compiler vectorises;
 - weight gradient: per filter and tap, the dot product of the block's delta (laid out the same way,
   zero at ox ≥ OW) with the tap's run. The sum runs over `WGRAD_GROUPS` fixed groups of blocks
   (independent of the thread count, so any machine and thread count gives the same result),
@@ -28,7 +29,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from . import PARALLEL_MIN
+from . import PARALLEL_MIN, simd
 from .bn import affine_act_row
 from .pool2x2 import no_pool, pool_rows
 
@@ -46,32 +47,57 @@ _fast = {"reassoc", "contract"}
 
 
 #: Most filters for which the direct forward beat im2col + GEMM (single core, float32): 1.1-1.6x
-#: faster at 16-32 filters on 1-3 channels; at 128 filters (cifar's first layer) GEMM is 1.4x faster.
+#: faster at 16-32 filters on 1-3 channels; at 128 filters (cifar's first layer) GEMM was 1.4x
+#: faster, before 3x3 kernels had the register-blocked microkernel (`_forward_block3`).
 MAX_FILTERS = 32
+#: ... and for 3x3 kernels, which have it. Measured on a 2-core Zen 3 (AVX2), each layer's forward
+#: alone, min over 6-10 rounds alternating in one process, against the path it took at 32:
+#: tiny.cfg's 16 -> 128 on 56x56 at b16 26.5 -> 19.9 ms (Winograd), at b1 1.01 -> 0.89 and 0.97 ->
+#: 0.95 ms; yolov3-tiny's 32 -> 64 on 104x104 at b1 4.3 -> 3.3 ms; darknet19's 32 -> 64 on 112x112
+#: at b1 4.3 -> 3.5 ms, b64 level (200 ms), training b16 forward 90 -> 85 and backward 186 -> 163 ms;
+#: cifar's first layer (3 -> 128 on 28x28) at b64 7.3 -> 6.4 ms, b1 level, training b128 forward
+#: 20.6 -> 18.5 and backward 36 -> 34 ms; darknet.cfg's 32 -> 64 on 56x56 level (b1, b16). 32 -> 256
+#: on 28x28 measured level (tiny.cfg, b16), hence 128.
+MAX_FILTERS_3X3 = 128
 
 
-#: 3x3 stride-1 layers with at most MID_CHANNELS input channels (and MAX_FILTERS filters) take the
-#: direct path too when each output map has at least MID_MIN_POSITIONS positions. Measured at 16 -> 32
-#: channels against Winograd, alternating in one process (2 threads, Zen 4 AVX-512): darknet.cfg's
-#: 128x128 layer at b1 1.55 -> 0.96 ms, tiny.cfg's 112x112 2.35 -> 1.23 ms (b64: 83 -> 61 ms),
-#: yolov3-tiny's 208x208 5.8 -> 3.8 ms, shapes-tiny's 64x64 b64 12.2 -> 11.6 ms and its b32 training
-#: step 95 -> 90 ms; digits' 8x8 layer trains slower (7.0 -> 7.7 ms a b64 step), hence the floor.
-#: With 128 filters it lost to Winograd (tiny.cfg's 16 -> 128 layers at b64: 66 -> 73 ms), and
-#: 32 -> 64 channel layers measured no faster. 32 -> 32 layers gain (yolov4-tiny's two on 104x104,
-#: the suite's only ones, measured the same way: 3.1 -> 2.6 and 3.4 -> 2.6 ms at b1, 134 -> 117 and
-#: 141 -> 113 ms at b64), hence up to 32 channels.
+#: 3x3 stride-1 layers with at most MID_CHANNELS input channels take the direct path too when each
+#: output map has at least MID_MIN_POSITIONS positions. Measured at 16 -> 32 channels against
+#: Winograd, alternating in one process (2 threads, Zen 4 AVX-512): darknet.cfg's 128x128 layer at
+#: b1 1.55 -> 0.96 ms, tiny.cfg's 112x112 2.35 -> 1.23 ms (b64: 83 -> 61 ms), yolov3-tiny's 208x208
+#: 5.8 -> 3.8 ms, shapes-tiny's 64x64 b64 12.2 -> 11.6 ms and its b32 training step 95 -> 90 ms.
+#: 32 -> 32 layers gain (yolov4-tiny's two on 104x104, the suite's only ones, measured the same
+#: way: 3.1 -> 2.6 and 3.4 -> 2.6 ms at b1, 134 -> 117 and 141 -> 113 ms at b64), hence up to 32
+#: channels. Smaller maps, down to SMALL_MIN_POSITIONS, only while the whole batch has at most
+#: SMALL_MAX_BATCH_POSITIONS output positions, and only in a network that will only infer
+#: (`Network.share_outputs`): there the GEMMs of the other paths are small and slow (2-core Zen 3,
+#: as MAX_FILTERS_3X3: digits' 16 -> 32 on 8x8 at b1 29 -> 19 µs, at b64 518 -> 398 µs;
+#: shapes-tiny's 32 -> 64 on 16x16 at b1 215 -> 149 µs). Past it Winograd wins (that layer at b64
+#: 4.5 -> 4.8 ms); on 4x4 maps the 2 padding columns of every 6 lose (digits' 32 -> 64 at b64 452 ->
+#: 584 µs). Training loses: the direct weight gradient is not register-blocked (digits' training
+#: step at b32 4.5 -> 5.1 ms, its 8x8 layer's backward 0.96 -> 1.59 ms; shapes-tiny's 16x16 layer's
+#: backward at b32 7.2 -> 10.1 ms).
 MID_CHANNELS = 32
 MID_MIN_POSITIONS = 32 * 32
+SMALL_MIN_POSITIONS = 8 * 8
+SMALL_MAX_BATCH_POSITIONS = 64 * 64
 
 
 def supports(c: int, n: int, k: int, groups: int, dilation: int, stride: int = 1,
-             positions: int = 0) -> bool:
-    """Which layers these kernels handle: ungrouped, undilated, at most MAX_FILTERS filters, and
-    either at most 4 input channels with a kernel at most 7x7, or a 3x3 stride-1 kernel over at most
-    MID_CHANNELS channels with `positions` (output rows x columns) at least MID_MIN_POSITIONS."""
-    if groups != 1 or dilation != 1 or n > MAX_FILTERS or k > 7:
+             positions: int = 0, batch: int = 1, inference_only: bool = False) -> bool:
+    """Which layers these kernels handle: ungrouped, undilated, at most MAX_FILTERS filters
+    (MAX_FILTERS_3X3 for 3x3 kernels), and either at most 4 input channels with a kernel at most
+    7x7, or a 3x3 stride-1 kernel over at most MID_CHANNELS channels whose output maps have
+    `positions` (rows x columns) at least MID_MIN_POSITIONS, or, for a layer that will only infer,
+    at least SMALL_MIN_POSITIONS with at most SMALL_MAX_BATCH_POSITIONS in the `batch`."""
+    if groups != 1 or dilation != 1 or k > 7 or n > (MAX_FILTERS_3X3 if k == 3 else MAX_FILTERS):
         return False
-    return c <= 4 or (c <= MID_CHANNELS and k == 3 and stride == 1 and positions >= MID_MIN_POSITIONS)
+    if c <= 4:
+        return True
+    small = (inference_only and SMALL_MIN_POSITIONS <= positions
+             and batch * positions <= SMALL_MAX_BATCH_POSITIONS)
+    return (c <= MID_CHANNELS and k == 3 and stride == 1
+            and (positions >= MID_MIN_POSITIONS or small))
 
 
 def block_rows(oh: int, ow: int, k: int, sx: int) -> int:
@@ -121,7 +147,8 @@ def _run(pf, c, ky, kx, sy, sx, R, lw, M):
 
 #: Filters per pass of the forward's block loop: each tap's run is read once for this many
 #: accumulators. 4 measured 1.4-2.2x faster than 2 (single core, AVX-512: yolov3-tiny's first layer
-#: 2.9 -> 1.7 ms, shapes-tiny's at b8 0.63 -> 0.43 ms); 8 was no faster than 4.
+#: 2.9 -> 1.7 ms, shapes-tiny's at b8 0.63 -> 0.43 ms); 8 was no faster than 4. (`_forward_block3`
+#: writes its four filters out: it holds 4 x 2 vectors, what AVX2's 16 registers leave room for.)
 FILTERS_PER_PASS = 4
 
 
@@ -138,41 +165,57 @@ def _next_three(f0, N):
     return min(f0 + 1, N - 1), min(f0 + 2, N - 1), min(f0 + 3, N - 1)
 
 
+#: Output positions per microkernel step of `_forward_block3`: two vectors.
+STEP = 2 * simd.LANES
+
+
 @_jit
+def _steps(m):
+    """m rounded up to whole STEPs."""
+    return (m + STEP - 1) // STEP * STEP
+
+
+@_serial
 def _forward_block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw):
-    """`_forward_block` for 3x3 kernels: each pass takes one kernel row (three taps) for the
-    four filters."""
+    """`_forward_block` for 3x3 kernels, register-blocked (kernels/simd.py): for four filters and
+    STEP positions the eight accumulators stay in vector registers over all C·9 taps, each tap one
+    load per vector and one broadcast per filter (the pass-per-kernel-row loop it replaced loaded
+    and stored every accumulator once per three taps: single core, Zen 3, 1.2-1.4x slower). Whole
+    steps only: up to STEP − 1 positions past the block, read from the planes' slack
+    (`_forward_plan`) and dropped."""
     N, C = w.shape[0], w.shape[1]
     R = rows + 2 // sy + 1
-    M = rows * lw
+    plane = R * lw
+    M = _steps(rows * lw)
     a0, a1, a2, a3 = _quarters(acc, M)
     for f0 in range(0, N, FILTERS_PER_PASS):
         f1, f2, f3 = _next_three(f0, N)
-        for c in range(C):
-            for ky in range(3):
-                # slices, so that every index is a loop counter (numba then emits no
-                # negative-index wraparound and the loop vectorises: measured 9x)
-                s0 = _run(pf, c, ky, 0, sy, sx, R, lw, M)
-                s1 = _run(pf, c, ky, 1, sy, sx, R, lw, M)
-                s2 = _run(pf, c, ky, 2, sy, sx, R, lw, M)
-                u0, u1, u2 = w[f0, c, ky, 0], w[f0, c, ky, 1], w[f0, c, ky, 2]
-                v0, v1, v2 = w[f1, c, ky, 0], w[f1, c, ky, 1], w[f1, c, ky, 2]
-                p0, p1, p2 = w[f2, c, ky, 0], w[f2, c, ky, 1], w[f2, c, ky, 2]
-                q0, q1, q2 = w[f3, c, ky, 0], w[f3, c, ky, 1], w[f3, c, ky, 2]
-                if c == 0 and ky == 0:
-                    for j in range(M):
-                        t0, t1, t2 = s0[j], s1[j], s2[j]
-                        a0[j] = u0 * t0 + u1 * t1 + u2 * t2
-                        a1[j] = v0 * t0 + v1 * t1 + v2 * t2
-                        a2[j] = p0 * t0 + p1 * t1 + p2 * t2
-                        a3[j] = q0 * t0 + q1 * t1 + q2 * t2
-                else:
-                    for j in range(M):
-                        t0, t1, t2 = s0[j], s1[j], s2[j]
-                        a0[j] += u0 * t0 + u1 * t1 + u2 * t2
-                        a1[j] += v0 * t0 + v1 * t1 + v2 * t2
-                        a2[j] += p0 * t0 + p1 * t1 + p2 * t2
-                        a3[j] += q0 * t0 + q1 * t1 + q2 * t2
+        for j in range(0, M, STEP):
+            s00, s01, s10, s11 = simd.zero(acc), simd.zero(acc), simd.zero(acc), simd.zero(acc)
+            s20, s21, s30, s31 = simd.zero(acc), simd.zero(acc), simd.zero(acc), simd.zero(acc)
+            for c in range(C):
+                for ky in range(3):
+                    row = (c * sy + ky % sy) * sx * plane + (ky // sy) * lw + j
+                    for kx in range(3):
+                        a = row + (kx % sx) * plane + kx // sx      # tap (c, ky, kx)'s run, at j
+                        v0 = simd.load(pf, a)
+                        v1 = simd.load(pf, a + simd.LANES)
+                        u = w[f0, c, ky, kx]
+                        s00, s01 = simd.fma(s00, u, v0), simd.fma(s01, u, v1)
+                        u = w[f1, c, ky, kx]
+                        s10, s11 = simd.fma(s10, u, v0), simd.fma(s11, u, v1)
+                        u = w[f2, c, ky, kx]
+                        s20, s21 = simd.fma(s20, u, v0), simd.fma(s21, u, v1)
+                        u = w[f3, c, ky, kx]
+                        s30, s31 = simd.fma(s30, u, v0), simd.fma(s31, u, v1)
+            simd.store(a0, j, s00)
+            simd.store(a0, j + simd.LANES, s01)
+            simd.store(a1, j, s10)
+            simd.store(a1, j + simd.LANES, s11)
+            simd.store(a2, j, s20)
+            simd.store(a2, j + simd.LANES, s21)
+            simd.store(a3, j, s30)
+            simd.store(a3, j + simd.LANES, s31)
         _copy_out(y, a0, a1, a2, a3, b, f0, f1, f2, f3, oy0, rows, lw)
 
 
@@ -231,12 +274,23 @@ def _copy_out(y, a0, a1, a2, a3, b, f0, f1, f2, f3, oy0, rows, lw):
 # call (1.9 ms instead of 0.03 ms for digits' first layer at 2 threads).
 @_jit
 def _forward_plan(y, w, sy, sx, rows):
-    """(lw, R, nblk, planes size, scratch size) of `conv_forward`'s row blocks."""
+    """(lw, nblk, planes size, scratch size) of `conv_forward`'s row blocks; the planes with STEP
+    values of slack after them, and the scratch in whole steps (`_forward_block3`)."""
     OH, OW = y.shape[2], y.shape[3]
     C, k = w.shape[1], w.shape[2]
     lw = OW + (k - 1) // sx
     R = rows + (k - 1) // sy + 1
-    return lw, (OH + rows - 1) // rows, C * sy * sx * R * lw, FILTERS_PER_PASS * rows * lw
+    return lw, (OH + rows - 1) // rows, C * sy * sx * R * lw + STEP, FILTERS_PER_PASS * _steps(rows * lw)
+
+
+@_jit
+def _planes(y, n):
+    """`conv_forward`'s buffer of phase planes, n values, its slack (the last STEP) zero: what the
+    dropped positions of a block's last step read."""
+    pf = np.empty(n, y.dtype)
+    for q in range(n - STEP, n):
+        pf[q] = 0
+    return pf
 
 
 @_jit
@@ -268,7 +322,7 @@ def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act,
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
 def _conv_forward_serial(y, x, w, sy, sx, pad, rows, k, off, act, p):
     lw, nblk, npf, nacc = _forward_plan(y, w, sy, sx, rows)
-    pf = np.empty(npf, y.dtype)
+    pf = _planes(y, npf)
     acc = np.empty(nacc, y.dtype)
     for t in range(y.shape[0] * nblk):
         _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p)
@@ -278,7 +332,7 @@ def _conv_forward_serial(y, x, w, sy, sx, pad, rows, k, off, act, p):
 def _conv_forward_parallel(y, x, w, sy, sx, pad, rows, k, off, act, p):
     lw, nblk, npf, nacc = _forward_plan(y, w, sy, sx, rows)
     for t in prange(y.shape[0] * nblk):
-        pf = np.empty(npf, y.dtype)
+        pf = _planes(y, npf)
         acc = np.empty(nacc, y.dtype)
         _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p)
 

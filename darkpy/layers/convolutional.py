@@ -74,8 +74,8 @@ FUSED_EPILOGUE = True
 #: slower in one run (539 against 497 + 16 µs) and level in another, for at most the pool's 16 µs.
 POOLED_MIN_POSITIONS = 16 * 16
 #: Direct convolution (kernels/direct.py) for layers with at most 4 input channels and 32 filters
-#: (first layers) and for 3x3 layers with at most 32 channels and 32 filters on large maps
-#: (`dk.supports`): no im2col matrix, in the forward pass and the weight gradient (the input
+#: (128 for 3x3 kernels: first layers) and for 3x3 layers with at most 32 channels and 128 filters
+#: on large maps, or on small ones in a small batch (`dk.supports`): no im2col matrix, in the forward pass and the weight gradient (the input
 #: gradient stays im2col's). It comes before Winograd. False: im2col + GEMM or Winograd.
 DIRECT = True
 
@@ -161,6 +161,9 @@ class ConvolutionalLayer(WinogradConv, Layer):
         #: keep the Winograd filter transform between forwards (set by `plan_kept_filters` while the
         #: network's weights are fixed for inference), and the kept transform (None: not made yet)
         self.keep_filters = False
+        #: set by the network before `allocate` while its weights are fixed (`Network.share_outputs`:
+        #: no training until `unshare_outputs`), so the path may be one that only infers well
+        self.inference_only = False
         self._kept_u = None
         #: the 2x2 [maxpool] right after, whose output an inference forward writes itself (set by
         #: `outputs_plan.fuse_pools` while outputs are shared; this layer's own output is then not
@@ -265,7 +268,8 @@ class ConvolutionalLayer(WinogradConv, Layer):
         ic.reserve(self.chunk * (rows + ng) * cols, self.dtype)
         self.direct = DIRECT and dk.supports(
             self.in_shape[0], self.n, self.size, self.groups, self.dilation,
-            max(self.stride_x, self.stride_y), self.out_shape[1] * self.out_shape[2])
+            max(self.stride_x, self.stride_y), self.out_shape[1] * self.out_shape[2], batch,
+            self.inference_only)
         self.winograd = not self.direct and self._use_winograd(batch)
         # a 1x1 layer on a 1x1 map (a classifier's last layer) is a connected layer: one GEMM of the
         # batch's rows, (B, c) @ Wᵀ, straight from the input into the output (instead of B GEMVs:

@@ -1,0 +1,108 @@
+"""SIMD vectors inside numba kernels: LANES values of one float dtype held as one LLVM vector.
+
+numba's loop vectoriser vectorises an innermost loop over an array, but it keeps the array in
+memory: a convolution that accumulates four filters over a run of positions loads and stores every
+accumulator once per tap (measured ~1 FMA per memory operation), and numba turns LLVM's SLP
+vectoriser off (numba issue #8705), so explicit scalar accumulators stay scalar. A `Vector` is a
+plain value, so LLVM keeps a kernel's few vectors in registers across a whole loop of taps — a
+register-blocked microkernel (kernels/direct.py: 4 filters x 16 positions in 8 accumulators).
+
+Inside a kernel only: `load(a, i)` (a[i:i+LANES] of a 1-D C-contiguous array), `store(a, i, v)`,
+`zero(a)` (a vector of a's dtype) and `fma(acc, s, v)` (acc + s·v per lane, rounded once: LLVM's
+fma, one instruction where the CPU has FMA). **load and store check no bounds**: the caller
+guarantees a[i:i+LANES] lies inside the array. float32 is the real work, float64 the gradient
+checks (the same source, like every kernel here); LANES is fixed, so an AVX2 machine holds a
+float32 vector in one register, an AVX-512 one in half of one, and float64 or SSE-only machines
+use two registers (LLVM splits it).
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+#: Values per vector.
+LANES = 8
+
+
+class Vector(types.Type):
+    """LANES values of `dtype` (float32 or float64), one LLVM vector value."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        super().__init__(name=f"Vector({dtype} x {LANES})")
+
+
+@register_model(Vector)
+class _VectorModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        lane = dmm.lookup(fe_type.dtype).get_value_type()
+        super().__init__(dmm, fe_type, ir.VectorType(lane, LANES))
+
+
+def _float_array(a) -> bool:
+    return (isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C"
+            and isinstance(a.dtype, types.Float))
+
+
+def _address(context, builder, arrty, arr, idx):
+    """Pointer to arr[idx] as a pointer to a vector."""
+    data = context.make_array(arrty)(context, builder, arr).data
+    lane = context.get_value_type(arrty.dtype)
+    return builder.bitcast(builder.gep(data, [idx], inbounds=True), ir.VectorType(lane, LANES).as_pointer())
+
+
+@intrinsic
+def load(typingctx, a, i):
+    """a[i:i+LANES] as a vector (no bounds check)."""
+    if not (_float_array(a) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _address(context, builder, sig.args[0], args[0], args[1])
+        return builder.load(ptr, align=sig.args[0].dtype.bitwidth // 8)
+    return Vector(a.dtype)(a, i), codegen
+
+
+@intrinsic
+def store(typingctx, a, i, v):
+    """a[i:i+LANES] = v (no bounds check)."""
+    if not (_float_array(a) and isinstance(i, types.Integer) and isinstance(v, Vector)
+            and v.dtype == a.dtype):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _address(context, builder, sig.args[0], args[0], args[1])
+        builder.store(args[2], ptr, align=sig.args[0].dtype.bitwidth // 8)
+        return context.get_dummy_value()
+    return types.void(a, i, v), codegen
+
+
+@intrinsic
+def zero(typingctx, a):
+    """A vector of zeros of a's dtype."""
+    if not _float_array(a):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(context.get_value_type(sig.return_type), [0.0] * LANES)
+    return Vector(a.dtype)(a), codegen
+
+
+@intrinsic
+def fma(typingctx, acc, s, v):
+    """acc + s·v in every lane, s a scalar (cast to the vectors' dtype), one rounding per lane."""
+    if not (isinstance(acc, Vector) and acc == v and isinstance(s, (types.Float, types.Integer))):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vty = context.get_value_type(sig.return_type)
+        scalar = context.cast(builder, args[1], sig.args[1], sig.return_type.dtype)
+        lane0 = builder.insert_element(ir.Constant(vty, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
+        splat = builder.shuffle_vector(lane0, ir.Constant(vty, ir.Undefined),
+                                       ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+        suffix = f"v{LANES}f{sig.return_type.dtype.bitwidth}"
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3), f"llvm.fma.{suffix}")
+        return builder.call(fn, [splat, args[2], args[0]])
+    return acc(acc, s, v), codegen
