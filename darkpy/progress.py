@@ -89,13 +89,14 @@ class Progress:
         self.style = style
         self.total = 0
         self.first = 0
-        self._t0 = 0.0
+        self._t1: float | None = None        # when the run's first reported iteration ended
+        self._i1 = 0                          # ... and which one it was
         self._bar_shown = False
 
     def begin(self, first: int, total: int) -> None:
         """Training runs iterations first+1 .. total."""
         self.first, self.total = first, total
-        self._t0 = time.perf_counter()
+        self._t1 = None
 
     def message(self, text: str) -> None:
         """An informational line (resuming, first-run compile, where checkpoints go)."""
@@ -109,6 +110,8 @@ class Progress:
             return
         self._clear_bar()
         line = rec.line() if self.style == "bar" else f"{rec.line()}, {format_seconds(self.eta(rec))} left"
+        if self._t1 is None:
+            self._t1, self._i1 = time.perf_counter(), rec.iteration
         print(line, file=self.stream, flush=self.style != "bar")
         if self.style == "bar":
             self.stream.write(self.bar(rec))
@@ -116,10 +119,14 @@ class Progress:
             self._bar_shown = True
 
     def eta(self, rec: Record) -> float:
-        """Seconds left after `rec`, at this run's mean pace so far (nan before the first iteration)."""
-        done = rec.iteration - self.first
-        elapsed = time.perf_counter() - self._t0
-        return elapsed / done * (self.total - rec.iteration) if done > 0 else math.nan
+        """Seconds left after `rec`, at the run's mean pace since its first reported iteration
+        ended; nan until a second one is reported. The first one is left out because it may hold
+        the first run's kernel compile (digits: 82 s against 9 ms per iteration after it, which made
+        its first ETA read 13 hours)."""
+        if self._t1 is None or rec.iteration <= self._i1:
+            return math.nan
+        pace = (time.perf_counter() - self._t1) / (rec.iteration - self._i1)
+        return pace * (self.total - rec.iteration)
 
     def bar(self, rec: Record, width: int = 30) -> str:
         done = rec.iteration - self.first

@@ -485,8 +485,10 @@ def test_line_progress_has_the_time_left():
     pr = Progress("lines", stream=out)
     pr.begin(0, 10)
     pr.iteration(Record(1, 0.1, 2.0, 2.0, 0.1, 0.001, 0.5, 8))
-    line = out.getvalue().strip()
-    assert line.endswith(" left") and ", 8 images, " in line
+    pr.iteration(Record(2, 0.2, 2.0, 2.0, 0.1, 0.001, 0.5, 16))
+    first, line = out.getvalue().strip().splitlines()
+    assert first.endswith(", --:-- left")           # unknown until a second iteration is done
+    assert line.endswith(" left") and ", 16 images, " in line
     parsed = parse_line(line)
-    assert parsed["iteration"] == 1 and parsed["images"] == 8 and parsed["eta"] >= 0
+    assert parsed["iteration"] == 2 and parsed["images"] == 16 and parsed["eta"] >= 0
     assert parse_line("3, 0.100: 1.0, 1.0 avg, 0.1 rate, 0.2 seconds, 24 images")["images"] == 24

@@ -247,6 +247,21 @@ def test_progress_bar_with_eta_on_a_terminal():
     assert Progress("auto", stream=io.StringIO()).style == "lines"
 
 
+def test_eta_leaves_out_the_first_iteration(monkeypatch):
+    """The first iteration may hold the kernels' compile: the time left comes from the pace after it
+    (here 100 s, then 2 s per iteration), and is unknown ("--:--") until a second one is done."""
+    import darkpy.progress as progress
+    clock = iter([100.0, 102.0, 104.0])
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
+    out = io.StringIO()
+    p = Progress("lines", stream=out)
+    p.begin(0, 10)
+    for i in (1, 2, 3):
+        p.iteration(Record(i, 0.1 * i, 1.0, 1.0, 0.1, 0.01, 0.2, 32 * i))
+    etas = [parse_line(ln)["eta"] for ln in out.getvalue().splitlines()]
+    assert np.isnan(etas[0]) and etas[1:] == [16.0, 14.0]
+
+
 def test_csv_log_drops_rows_after_the_resume_point(tmp_path):
     path = tmp_path / "log.csv"
     log = CsvLog(path, None)
