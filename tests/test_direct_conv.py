@@ -163,8 +163,8 @@ def test_direct_only_where_it_applies():
     for extra in ("groups=2\n", "dilation=2\n"):
         net = network_from_text(CFG.format(**base) + extra)
         assert not net.layers[0].direct, extra
-    # 5-32 channels, 3x3 stride 1: maps of at least MID_MIN_POSITIONS (32x32) outputs, or, inferring
-    # only, of at least SMALL_MIN_POSITIONS (8x8) with at most SMALL_MAX_BATCH_POSITIONS in the batch
+    # 5-32 channels, 3x3 stride 1: maps of at least MID_MIN_POSITIONS (32x32) outputs, or, only
+    # inferring, of at least SMALL_MIN_POSITIONS (8x8), at most SMALL_MAX_BATCH_POSITIONS in a batch
     mid = base | dict(c=16, n=32, h=32, w=32)
     for kw, expected, inferring in (
             (dict(), True, True), (dict(c=5), True, True), (dict(c=32), True, True),

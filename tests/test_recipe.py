@@ -488,6 +488,8 @@ def test_line_progress_has_the_time_left():
     pr.iteration(Record(2, 0.2, 2.0, 2.0, 0.1, 0.001, 0.5, 16))
     first, line = out.getvalue().strip().splitlines()
     assert first.endswith(", --:-- left")           # unknown until a second iteration is done
+    parsed = parse_line(first)
+    assert parsed["iteration"] == 1 and parsed["images"] == 8 and np.isnan(parsed["eta"])
     assert line.endswith(" left") and ", 16 images, " in line
     parsed = parse_line(line)
     assert parsed["iteration"] == 2 and parsed["images"] == 16 and parsed["eta"] >= 0

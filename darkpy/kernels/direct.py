@@ -54,7 +54,7 @@ MAX_FILTERS = 32
 #: alone, min over 6-10 rounds alternating in one process, against the path it took at 32:
 #: tiny.cfg's 16 -> 128 on 56x56 at b16 26.5 -> 19.9 ms (Winograd), at b1 1.01 -> 0.89 and 0.97 ->
 #: 0.95 ms; yolov3-tiny's 32 -> 64 on 104x104 at b1 4.3 -> 3.3 ms; darknet19's 32 -> 64 on 112x112
-#: at b1 4.3 -> 3.5 ms, b64 level (200 ms), training b16 forward 90 -> 85 and backward 186 -> 163 ms;
+#: at b1 4.3 -> 3.5 ms, b64 level (200 ms), training b16 forward 90 -> 85, backward 186 -> 163 ms;
 #: cifar's first layer (3 -> 128 on 28x28) at b64 7.3 -> 6.4 ms, b1 level, training b128 forward
 #: 20.6 -> 18.5 and backward 36 -> 34 ms; darknet.cfg's 32 -> 64 on 56x56 level (b1, b16). 32 -> 256
 #: on 28x28 measured level (tiny.cfg, b16), hence 128.
@@ -280,7 +280,8 @@ def _forward_plan(y, w, sy, sx, rows):
     C, k = w.shape[1], w.shape[2]
     lw = OW + (k - 1) // sx
     R = rows + (k - 1) // sy + 1
-    return lw, (OH + rows - 1) // rows, C * sy * sx * R * lw + STEP, FILTERS_PER_PASS * _steps(rows * lw)
+    planes = C * sy * sx * R * lw + STEP
+    return lw, (OH + rows - 1) // rows, planes, FILTERS_PER_PASS * _steps(rows * lw)
 
 
 @_jit

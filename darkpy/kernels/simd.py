@@ -24,6 +24,7 @@ from numba.extending import intrinsic, models, register_model
 
 #: Values per vector.
 LANES = 8
+_I32 = ir.IntType(32)
 
 
 class Vector(types.Type):
@@ -50,7 +51,8 @@ def _address(context, builder, arrty, arr, idx):
     """Pointer to arr[idx] as a pointer to a vector."""
     data = context.make_array(arrty)(context, builder, arr).data
     lane = context.get_value_type(arrty.dtype)
-    return builder.bitcast(builder.gep(data, [idx], inbounds=True), ir.VectorType(lane, LANES).as_pointer())
+    ptr = builder.gep(data, [idx], inbounds=True)
+    return builder.bitcast(ptr, ir.VectorType(lane, LANES).as_pointer())
 
 
 @intrinsic
@@ -99,10 +101,11 @@ def fma(typingctx, acc, s, v):
     def codegen(context, builder, sig, args):
         vty = context.get_value_type(sig.return_type)
         scalar = context.cast(builder, args[1], sig.args[1], sig.return_type.dtype)
-        lane0 = builder.insert_element(ir.Constant(vty, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
-        splat = builder.shuffle_vector(lane0, ir.Constant(vty, ir.Undefined),
-                                       ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
-        suffix = f"v{LANES}f{sig.return_type.dtype.bitwidth}"
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3), f"llvm.fma.{suffix}")
+        undef = ir.Constant(vty, ir.Undefined)
+        lane0 = builder.insert_element(undef, scalar, ir.Constant(_I32, 0))
+        lanes0 = ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES)
+        splat = builder.shuffle_vector(lane0, undef, lanes0)
+        name = f"llvm.fma.v{LANES}f{sig.return_type.dtype.bitwidth}"
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3), name)
         return builder.call(fn, [splat, args[2], args[0]])
     return acc(acc, s, v), codegen

@@ -75,8 +75,9 @@ FUSED_EPILOGUE = True
 POOLED_MIN_POSITIONS = 16 * 16
 #: Direct convolution (kernels/direct.py) for layers with at most 4 input channels and 32 filters
 #: (128 for 3x3 kernels: first layers) and for 3x3 layers with at most 32 channels and 128 filters
-#: on large maps, or on small ones in a small batch (`dk.supports`): no im2col matrix, in the forward pass and the weight gradient (the input
-#: gradient stays im2col's). It comes before Winograd. False: im2col + GEMM or Winograd.
+#: on large maps, or on small ones in a small batch (`dk.supports`): no im2col matrix, in the
+#: forward pass and the weight gradient (the input gradient stays im2col's). It comes before
+#: Winograd. False: im2col + GEMM or Winograd.
 DIRECT = True
 
 #: Keys that switch on behaviour darkpy does not implement; a non-zero value is an error.
@@ -161,8 +162,8 @@ class ConvolutionalLayer(WinogradConv, Layer):
         #: keep the Winograd filter transform between forwards (set by `plan_kept_filters` while the
         #: network's weights are fixed for inference), and the kept transform (None: not made yet)
         self.keep_filters = False
-        #: set by the network before `allocate` while its weights are fixed (`Network.share_outputs`:
-        #: no training until `unshare_outputs`), so the path may be one that only infers well
+        #: set by the network before `allocate` while its weights are fixed (`share_outputs`: no
+        #: training until `unshare_outputs`), so the path may be one that only infers well
         self.inference_only = False
         self._kept_u = None
         #: the 2x2 [maxpool] right after, whose output an inference forward writes itself (set by
