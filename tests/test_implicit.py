@@ -26,6 +26,14 @@ def test_implicit_is_its_weights_whatever_the_input():
     assert_close(net.forward(np.zeros(net.input.shape)), out, 0, 0, "input ignored")
 
 
+def test_implicit_negative_std_is_its_magnitude():
+    """Darknet's rand_uniform swaps reversed bounds: std=-0.5 draws from [mean - 0.5, mean + 0.5]
+    (the fuzz test found numpy refusing it)."""
+    net = network_from_text(IMG + "[implicit]\nfilters=400\nmean=2\nstd=-0.5\n", seed=0)
+    w = net.layers[0].weights.value
+    assert 1.5 <= w.min() < 1.6 and 2.4 < w.max() <= 2.5
+
+
 def test_implicit_gradcheck():
     net = layer_gradcheck(IMG + "[maxpool]\nsize=1\nstride=1\n[implicit]\nfilters=3\n", 1)
     assert np.all(net.layers[0].delta == 0)       # no gradient into the input

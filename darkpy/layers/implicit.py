@@ -3,7 +3,7 @@
 `[implicit]` (AlexeyAB, `representation_layer.c`): keys filters (128), atoms (1), mean (0), std
 (0.2). Its output, `filters x atoms x 1` per item, is its weights (one value per output element),
 whatever its input: the input is ignored and receives no gradient. Initialisation: `mean +
-uniform(-std, std)`. Backward: the weights' gradient is the delta summed over the batch. The
+uniform(-|std|, |std|)`. Backward: the weights' gradient is the delta summed over the batch. The
 .weights file stores the filters·atoms weights. Updated by SGD with weight decay, as Darknet's
 `update_implicit_layer`.
 
@@ -48,7 +48,9 @@ class ImplicitLayer(Layer):
         return self.out_shape             # independent of the input
 
     def init_weights(self, rng: np.random.Generator) -> None:
-        self.weights.value[...] = self.mean + rng.uniform(-self.std, self.std, self.out_shape)
+        # darknet: rand_uniform swaps reversed bounds, so a negative std acts as its magnitude
+        span = abs(self.std)
+        self.weights.value[...] = self.mean + rng.uniform(-span, span, self.out_shape)
 
     def forward(self, s: State) -> None:
         self.output[...] = self.weights.value
