@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from conftest import shared_path
 import darkpy.layers.conv_winograd as cw
+import darkpy.layers.convolutional as conv
 from darkpy import outputs_plan
 from darkpy.kernels import direct as dk
 from darkpy.errors import StateError
@@ -92,11 +93,13 @@ def _heads(net):
 @pytest.mark.parametrize("name", exported_networks())     # one per distinct network, as there
 def test_shared_outputs_give_the_same_outputs(name, monkeypatch):
     shared_path("cfg")
-    # the same kernels as without sharing (a kept Winograd filter transform, or the direct path's
-    # inference-only reach, would move layers onto another path: tests/test_winograd.py and
-    # tests/test_direct_conv.py check those)
+    # the same kernels as without sharing (a kept Winograd filter transform, the direct path's
+    # inference-only reach or the direct convolution across filters would move layers onto another
+    # path: tests/test_winograd.py, tests/test_direct_conv.py and tests/test_direct_fv.py check
+    # those)
     monkeypatch.setattr(cw, "KEPT_FILTER_VALUES", 0)
     monkeypatch.setattr(dk, "SMALL_MAX_BATCH_POSITIONS", 0)
+    monkeypatch.setattr(conv, "DIRECT_FV", False)
     case = ec.prepare(name)                 # built at a small size, random weights, one forward run
     net, x = case.net, case.x
     x2 = np.random.default_rng(1).random(x.shape, dtype=np.float32)
@@ -164,6 +167,7 @@ def test_training_is_refused_until_unshared_and_the_plan_survives_batch_and_size
 
 def test_keep_leaves_a_layer_readable_and_bad_indices_are_one_line_errors(monkeypatch):
     monkeypatch.setattr(dk, "SMALL_MAX_BATCH_POSITIONS", 0)     # the same path as without sharing
+    monkeypatch.setattr(conv, "DIRECT_FV", False)
     net = network_from_text(SMALL, batch=2)
     x = np.random.default_rng(0).random((2, 3, 16, 16), dtype=np.float32)
     net.forward(x)

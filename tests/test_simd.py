@@ -1,4 +1,4 @@
-"""kernels/simd.py: the vector type and its four operations, in float32 and float64, against
+"""kernels/simd.py: the vector type and its operations, in float32 and float64, against
 numpy; what it refuses at compile time."""
 from __future__ import annotations
 
@@ -31,6 +31,23 @@ def test_operations_match_numpy(dtype):
     want[:5 * L] += dtype(0.5) * x[:5 * L]       # an exact product: fused or not, the same bits
     assert _axpy_blocks(y, dtype(0.5), x) == 0
     np.testing.assert_array_equal(y, want)      # the partial block at the end untouched
+
+
+@numba.njit(cache=False)
+def _gather(a, idx):
+    out = np.empty(idx.shape[0], a.dtype)
+    for j in range(idx.shape[0]):
+        out[j] = simd.get(a, idx[j])
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_get_reads_the_scalar(dtype):
+    a = np.random.default_rng(1).standard_normal(37).astype(dtype)
+    idx = np.array([0, 36, 5, 5, 17], np.int64)
+    out = _gather(a, idx)
+    assert out.dtype == dtype
+    np.testing.assert_array_equal(out, a[idx])
 
 
 def test_refuses_what_it_cannot_load():

@@ -8,8 +8,9 @@ plain value, so LLVM keeps a kernel's few vectors in registers across a whole lo
 register-blocked microkernel (kernels/direct.py: 4 filters x 16 positions in 8 accumulators).
 
 Inside a kernel only: `load(a, i)` (a[i:i+LANES] of a 1-D C-contiguous array), `store(a, i, v)`,
+`get(a, i)` (the scalar a[i]),
 `zero(a)` (a vector of a's dtype) and `fma(acc, s, v)` (acc + s·v per lane, rounded once: LLVM's
-fma, one instruction where the CPU has FMA). **load and store check no bounds**: the caller
+fma, one instruction where the CPU has FMA). **load, store and get check no bounds**: the caller
 guarantees a[i:i+LANES] lies inside the array. float32 is the real work, float64 the gradient
 checks (the same source, like every kernel here); LANES is fixed, so an AVX2 machine holds a
 float32 vector in one register, an AVX-512 one in half of one, and float64 or SSE-only machines
@@ -79,6 +80,19 @@ def store(typingctx, a, i, v):
         builder.store(args[2], ptr, align=sig.args[0].dtype.bitwidth // 8)
         return context.get_dummy_value()
     return types.void(a, i, v), codegen
+
+
+@intrinsic
+def get(typingctx, a, i):
+    """a[i], a scalar (no bounds check and no wraparound of a negative i: numba's indexing tests
+    the sign of every index, which in a microkernel's inner loop costs more than the load)."""
+    if not (_float_array(a) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        return builder.load(builder.gep(data, [args[1]], inbounds=True))
+    return a.dtype(a, i), codegen
 
 
 @intrinsic

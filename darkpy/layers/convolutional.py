@@ -30,6 +30,7 @@ from .. import blas
 from ..kernels import activations as act
 from ..kernels import bn as bnk
 from ..kernels import direct as dk
+from ..kernels import direct_fv as fv
 from ..kernels import im2col as ic
 from ..kernels import winograd as wg
 from ..memory import param_ones, param_zeros
@@ -79,6 +80,10 @@ POOLED_MIN_POSITIONS = 16 * 16
 #: forward pass and the weight gradient (the input gradient stays im2col's). It comes before
 #: Winograd. False: im2col + GEMM or Winograd.
 DIRECT = True
+#: In a network that will only infer, layers with small output maps and few taps per filter
+#: (`fv.supports`) take the direct convolution vectorised across filters (kernels/direct_fv.py),
+#: before every other path. False: never.
+DIRECT_FV = True
 
 #: Keys that switch on behaviour darkpy does not implement; a non-zero value is an error.
 UNSUPPORTED_KEYS = {
@@ -158,6 +163,8 @@ class ConvolutionalLayer(WinogradConv, Layer):
         self.wide = False
         self.winograd = False
         self.direct = False
+        self.direct_fv = False
+        self._kept_wt = None                        # direct_fv's filters_last layout, once made
         self.wchunk = 1
         #: keep the Winograd filter transform between forwards (set by `plan_kept_filters` while the
         #: network's weights are fixed for inference), and the kept transform (None: not made yet)
@@ -267,22 +274,25 @@ class ConvolutionalLayer(WinogradConv, Layer):
             self.wide = False       # per-item GEMMs straight on the input: no copies at all
         self.wgrad_tmp = np.zeros((0,), self.dtype)
         ic.reserve(self.chunk * (rows + ng) * cols, self.dtype)
-        self.direct = DIRECT and dk.supports(
+        self._kept_wt = None
+        self.direct_fv = self._fv_applies(self.inference_only)
+        self.direct = not self.direct_fv and DIRECT and dk.supports(
             self.in_shape[0], self.n, self.size, self.groups, self.dilation,
             max(self.stride_x, self.stride_y), self.out_shape[1] * self.out_shape[2], batch,
             self.inference_only)
-        self.winograd = not self.direct and self._use_winograd(batch)
+        self.winograd = not (self.direct or self.direct_fv) and self._use_winograd(batch)
         # a 1x1 layer on a 1x1 map (a classifier's last layer) is a connected layer: one GEMM of the
         # batch's rows, (B, c) @ Wᵀ, straight from the input into the output (instead of B GEMVs:
         # darknet.cfg's 1024 -> 1000 at b64 ran at 55 GFLOP/s)
         self.rows_gemm = (batch > 1 and self.is_gemm_only and cols == 1 and self.groups == 1
-                          and not self.direct)
+                          and not (self.direct or self.direct_fv))
         if self.rows_gemm:
             ic.reserve(batch * rows, self.dtype)        # backward's input gradient
         # the forward's GEMM path in one stacked GEMM over the whole batch (what `_chunks` yields
         # then, without its generator and slicing: digits' forward at batch 1 0.95x the time in one
         # in-process A/B, no difference measurable on larger networks)
-        self.one_gemm = (not (self.direct or self.winograd or self.rows_gemm or self.wide)
+        self.one_gemm = (not (self.direct or self.direct_fv or self.winograd or self.rows_gemm
+                              or self.wide)
                          and self.groups == 1 and self.chunk >= batch)
         self._kept_u = None
         self.pool_into = None
@@ -293,8 +303,8 @@ class ConvolutionalLayer(WinogradConv, Layer):
 
     def _epilogue(self, train: bool) -> tuple:
         """`inference_epilogue` for a kernel that writes the output (Winograd's output transform,
-        the direct convolution), or () for the separate pass."""
-        self._fused = (self.winograd or self.direct) and not train and FUSED_EPILOGUE
+        the direct convolutions), or () for the separate pass."""
+        self._fused = (self.winograd or self.direct or self.direct_fv) and not train and FUSED_EPILOGUE
         return inference_epilogue(self) if self._fused else ()
 
     def can_write_pooled(self, pool) -> bool:
@@ -304,6 +314,12 @@ class ConvolutionalLayer(WinogradConv, Layer):
         POOLED_MIN_POSITIONS."""
         return ((self.winograd or self.direct) and FUSED_EPILOGUE and pool.halves_2x2()
                 and self.out_shape[1] * self.out_shape[2] >= POOLED_MIN_POSITIONS)
+
+    def _fv_applies(self, inference_only: bool) -> bool:
+        """Whether the direct convolution across filters (kernels/direct_fv.py) takes this layer."""
+        return DIRECT_FV and fv.supports(self.in_shape[0] // self.groups, self.size, self.groups,
+                                         self.dilation, self.out_shape[1] * self.out_shape[2],
+                                         inference_only)
 
     def _use_winograd(self, batch: int) -> bool:
         """Winograd for this batch: a shape it computes (`winograd_tiles`) with enough output tiles
@@ -328,6 +344,7 @@ class ConvolutionalLayer(WinogradConv, Layer):
         _, oh, ow = self.out_shape
         whole = batch * (oh // 2) * (ow // 2)
         return tiles if (self.can_keep_filters and tiles < WINOGRAD_MIN_TILES
+                         and not self._fv_applies(True)
                          and whole >= WINOGRAD_KEPT_MIN_TILES
                          and self.in_shape[0] >= WINOGRAD_KEPT_MIN_CHANNELS) else 0
 
@@ -344,6 +361,19 @@ class ConvolutionalLayer(WinogradConv, Layer):
                 self.wgrad_tmp, (ng, rows) if self.wide or self.rows_gemm else (self.chunk, ng, rows))
         if self._vkeep_values:
             self.vkeep = self.training_buffer(self.vkeep, (self._vkeep_values,))
+
+    def filters_last(self) -> np.ndarray:
+        """The weights laid out for `fv.conv_forward`, made at the first call after `allocate` or
+        `weights_changed` and kept (the direct_fv path runs only while the weights are fixed)."""
+        if self._kept_wt is None or not self.can_keep_filters:      # (XNOR binarises each time)
+            w = self.weights.value
+            self._kept_wt = np.empty(w[0].size * fv.padded_filters(self.n), self.dtype)
+            fv.filters_last(self._kept_wt, w)
+        return self._kept_wt
+
+    def weights_changed(self) -> None:
+        super().weights_changed()
+        self._kept_wt = None
 
     def extra_buffers(self) -> list[np.ndarray]:
         return [self.pre, self.xnorm, self.wgrad_tmp, self.vkeep]
@@ -415,13 +445,17 @@ class ConvolutionalLayer(WinogradConv, Layer):
                             self.stride_y, self.stride_x, self.padding,
                             dk.block_rows(oh, ow, self.size, self.stride_x), *self._epilogue(s.train),
                             pool=pool)
+        filters_last = self.direct_fv and not s.train       # (a training forward takes `_chunks`)
+        if filters_last:
+            fv.conv_forward(y.reshape(self.batch, self.n, oh, ow), x, self.filters_last(), self.size,
+                            self.stride_y, self.stride_x, self.padding, *self._epilogue(False))
         wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
         if self.rows_gemm:
             blas.matmul(x.reshape(self.batch, -1), wmat[0].T, out=y.reshape(self.batch, self.n))
         elif self.one_gemm:                 # `_chunks`' one block, unsliced (never with Winograd/direct)
             blas.matmul(wmat[0], self._columns(x), out=y)
-        for items, j, cin, fout in ([] if self.winograd or self.direct or self.rows_gemm or self.one_gemm
-                                    else self._chunks()):
+        done = self.winograd or self.direct or filters_last or self.rows_gemm or self.one_gemm
+        for items, j, cin, fout in ([] if done else self._chunks()):
             col = self._columns(x[items, cin])
             yg = y[items, fout]
             if not self.wide:

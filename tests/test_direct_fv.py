@@ -1,0 +1,169 @@
+"""The direct convolution vectorised across filters (kernels/direct_fv.py): the kernel against a
+float64 correlation (strides, paddings, kernel sizes, filter counts that are not whole vectors,
+maps that are not whole microkernels or units, both branches), its fused epilogue against the
+separate pass, which layers take it, and a network inferring on it against the same network on
+its other paths, before and after its weights change."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import darkpy.layers.convolutional as conv
+from darkpy.kernels import PARALLEL_MIN
+from darkpy.kernels import direct_fv as fv
+from darkpy.network import network_from_text
+from test_direct_conv import correlation
+
+
+def _run(x, w, sy, sx, pad, *epilogue):
+    B, C, H, W = x.shape
+    N, _, k, _ = w.shape
+    y = np.full((B, N, (H + 2 * pad - k) // sy + 1, (W + 2 * pad - k) // sx + 1), np.nan, x.dtype)
+    wt = np.full(C * k * k * fv.padded_filters(N), np.nan, x.dtype)
+    fv.filters_last(wt, w)
+    fv.conv_forward(y, x, wt, k, sy, sx, pad, *epilogue)
+    return y
+
+
+# (batch, channels, h, w, filters, k, stride_y, stride_x, pad)
+SHAPES = [(1, 3, 5, 7, 5, 3, 1, 1, 1), (2, 32, 4, 4, 64, 3, 1, 1, 1), (3, 16, 8, 8, 33, 3, 1, 1, 1),
+          (2, 64, 4, 4, 10, 1, 1, 1, 0), (1, 7, 9, 6, 17, 3, 2, 1, 1), (2, 5, 7, 7, 16, 1, 1, 1, 0),
+          (2, 8, 9, 9, 16, 5, 2, 3, 2), (1, 4, 30, 31, 20, 3, 1, 1, 1), (2, 3, 6, 6, 1, 3, 1, 1, 2),
+          (1, 2, 1, 1, 3, 1, 1, 1, 0)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_kernel_matches_float64_correlation(shape):
+    """Every output written (NaN-filled before), equal to the correlation within float64 rounding:
+    1x1, 3x3 and 5x5 kernels, strides 1-3 (also unequal), paddings 0-2, 1-64 filters, maps from
+    1x1 to 30x31 (several units of UNIT_POSITIONS)."""
+    B, C, H, W, N, k, sy, sx, pad = shape
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal((B, C, H, W))
+    w = rng.standard_normal((N, C, k, k))
+    np.testing.assert_allclose(_run(x, w, sy, sx, pad), correlation(x, w, sy, sx, pad),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_parallel_branch_float32():
+    """Above PARALLEL_MIN output values (the parallel branch) in float32, within its rounding."""
+    B, C, H, W, N = 64, 32, 4, 4, 64
+    assert B * N * H * W > PARALLEL_MIN
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((B, C, H, W)).astype(np.float32)
+    w = rng.standard_normal((N, C, 3, 3)).astype(np.float32)
+    y = _run(x, w, 1, 1, 1)
+    scale = correlation(np.abs(x), np.abs(w), 1, 1, 1).max()
+    assert np.abs(y - correlation(x, w, 1, 1, 1)).max() <= 1e-6 * scale
+
+
+@pytest.mark.parametrize("batch", [1, 64])
+def test_epilogue_is_the_activation_of_the_affine(batch):
+    """With k, off and an activation the kernel writes leaky(y·k + off) per filter, in both
+    branches."""
+    rng = np.random.default_rng(batch)
+    x = rng.standard_normal((batch, 16, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((20, 16, 3, 3)).astype(np.float32)
+    k, off = rng.uniform(0.5, 2, 20), rng.standard_normal(20)
+    raw = _run(x, w, 1, 1, 1).astype(np.float64)
+    z = raw * k[:, None, None] + off[:, None, None]
+    from darkpy.kernels import activations as act
+    y = _run(x, w, 1, 1, 1, k, off, act.kernel_code(act.code("leaky"), np.float32))
+    np.testing.assert_allclose(y, np.where(z > 0, z, 0.1 * z), rtol=1e-5, atol=1e-5)
+
+
+CFG = """[net]
+batch={batch}
+height={h}
+width={h}
+channels={c}
+[convolutional]
+filters={n}
+size={k}
+stride={s}
+pad={pad}
+batch_normalize={bn}
+activation={activation}
+[convolutional]
+filters=8
+size=1
+stride=1
+activation=linear
+"""
+
+
+def _nets(dtype=np.float64, **kw):
+    """The same network twice, with the same random weights and BN statistics; the second shares
+    its outputs (inference only)."""
+    opts = dict(batch=3, h=8, c=16, n=24, k=3, s=1, pad=1, bn=1, activation="leaky") | kw
+    nets = [network_from_text(CFG.format(**opts), dtype=dtype) for _ in range(2)]
+    rng = np.random.default_rng(7)
+    for layer, twin in zip(*(n.layers for n in nets)):
+        for p, q in zip(layer.params, twin.params):
+            p.value[...] = rng.uniform(-1, 1, p.value.shape)
+            q.value[...] = p.value
+        if layer.bn is not None:
+            for a, b in ((layer.bn.rolling_mean, twin.bn.rolling_mean),
+                         (layer.bn.rolling_variance, twin.bn.rolling_variance)):
+                a[...] = rng.uniform(0.5, 1.5, a.shape)
+                b[...] = a
+    nets[1].share_outputs()
+    return nets
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(bn=0, activation="logistic"), dict(batch=64),
+                                dict(k=1, pad=0, c=64, n=10, h=4), dict(s=2, h=15, activation="mish"),
+                                dict(batch=1, c=32, n=64, h=4)])
+def test_network_on_the_path_gives_the_other_paths_outputs(kw):
+    """An inferring network whose layers take the path gives what the unshared twin (im2col,
+    Winograd or the row-vectorised direct path) gives, in float64; after a weight changes and
+    `weights_changed()` it gives the new weights' outputs (the kept layout is made again)."""
+    plain, shared = _nets(**kw)
+    convs = [l for l in shared.layers if l.kind == "convolutional"]
+    assert all(l.direct_fv for l in convs)
+    assert not any(l.direct_fv for l in plain.layers if l.kind == "convolutional")
+    x = np.random.default_rng(3).uniform(-1, 1, plain.input.shape)
+    want = plain.forward(x).copy()
+    np.testing.assert_allclose(shared.forward(x), want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
+    for net in (plain, shared):
+        net.layers[0].weights.value[0] *= -2
+        net.weights_changed()
+    want = plain.forward(x).copy()
+    np.testing.assert_allclose(shared.forward(x), want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
+    shared.unshare_outputs()            # training again: the layers leave the path
+    assert not any(l.direct_fv for l in convs)
+
+
+@pytest.mark.parametrize("bn", [0, 1])
+def test_fused_epilogue_same_bits_as_the_separate_pass(monkeypatch, bn):
+    """float32: the kernel's epilogue writes exactly what the separate bias/BN/activation pass does."""
+    outs = []
+    for fused in (True, False):
+        monkeypatch.setattr(conv, "FUSED_EPILOGUE", fused)
+        _, shared = _nets(np.float32, bn=bn, batch=64)
+        layer = shared.layers[0]
+        x = np.random.default_rng(5).uniform(-1, 1, shared.input.shape).astype(np.float32)
+        outs.append(shared.forward(x).copy())
+        assert layer.direct_fv and layer._fused is fused
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_which_layers_take_it(monkeypatch):
+    """Only while inferring; at most MAX_TAPS taps per filter and PV to MAX_POSITIONS output
+    positions per item; no groups or dilation; never with DIRECT_FV off."""
+    def takes(**kw):
+        _, shared = _nets(**kw)
+        return shared.layers[0].direct_fv
+
+    assert takes() and takes(c=32) and takes(h=2, k=1, pad=0) and takes(c=288, k=1, pad=0)
+    assert not takes(c=33)                          # 297 taps
+    assert not takes(c=289, k=1, pad=0)
+    assert not takes(h=9)                           # 81 positions
+    assert not takes(h=1, k=1, pad=0)               # one position: a connected layer
+    for extra in ("groups=2\n", "dilation=2\n"):
+        text = CFG.format(batch=1, h=8, c=16, n=24, k=3, s=1, pad=1, bn=0, activation="leaky")
+        net = network_from_text(text.replace("activation=leaky\n", "activation=leaky\n" + extra, 1))
+        net.share_outputs()
+        assert not net.layers[0].direct_fv, extra
+    monkeypatch.setattr(conv, "DIRECT_FV", False)
+    assert not takes()
