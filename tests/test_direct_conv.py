@@ -14,6 +14,15 @@ from darkpy.network import network_from_text
 from helpers import layer_gradcheck
 
 
+@pytest.fixture(autouse=True)
+def _no_direct_fv():
+    """This file's small layers would otherwise take the direct convolution across filters first
+    (kernels/direct_fv.py; tests/test_direct_fv.py checks which)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv, "DIRECT_FV", False)
+        yield
+
+
 def correlation(x, w, sy, sx, pad):
     """Darknet's convolution (a cross-correlation) in float64, by shifted slices."""
     B, C, H, W = x.shape
@@ -150,7 +159,7 @@ def test_layer_direct_gradcheck(kw):
     assert net.layers[0].direct
 
 
-def test_direct_only_where_it_applies(monkeypatch):
+def test_direct_only_where_it_applies():
     """More than 4 channels (but for 3x3 stride-1 layers on large maps, or on small maps in a small
     batch of a network that only infers, up to 32), more than 32 filters (128 for 3x3 kernels),
     groups and dilation keep im2col or Winograd."""
@@ -165,13 +174,12 @@ def test_direct_only_where_it_applies(monkeypatch):
         assert not net.layers[0].direct, extra
     # 5-32 channels, 3x3 stride 1: maps of at least MID_MIN_POSITIONS (32x32) outputs, or, only
     # inferring, of at least SMALL_MIN_POSITIONS (8x8), at most SMALL_MAX_BATCH_POSITIONS in a batch
-    # (an 8x8 map only without the direct convolution across filters, which takes such maps first)
     mid = base | dict(c=16, n=32, h=32, w=32)
     for kw, expected, inferring in (
             (dict(), True, True), (dict(c=5), True, True), (dict(c=32), True, True),
             (dict(c=33), False, False), (dict(n=128), True, True), (dict(n=129), False, False),
             (dict(w=31), False, True), (dict(w=31, batch=5), False, False),
-            (dict(h=9, w=9, batch=50), False, True), (dict(h=9, w=9, batch=51), False, False),
+            (dict(h=8, w=8, batch=64), False, True), (dict(h=8, w=8, batch=65), False, False),
             (dict(h=7, w=8, batch=1), False, False),
             (dict(s=2, h=64, w=64), False, False), (dict(k=5, pad=2), False, False)):
         net = network_from_text(CFG.format(**(mid | kw)))
@@ -181,7 +189,3 @@ def test_direct_only_where_it_applies(monkeypatch):
         net.unshare_outputs()
         assert net.layers[0].direct is expected, kw
         assert not (net.layers[0].direct and net.layers[0].winograd)
-    monkeypatch.setattr(conv, "DIRECT_FV", False)
-    net = network_from_text(CFG.format(**(mid | dict(h=8, w=8, batch=64))))
-    net.share_outputs()
-    assert net.layers[0].direct

@@ -1,10 +1,13 @@
-"""The direct convolution vectorised across filters (kernels/direct_fv.py): the kernel against a
-float64 correlation (strides, paddings, kernel sizes, filter counts that are not whole vectors,
-maps that are not whole microkernels or units, both branches), its fused epilogue against the
-separate pass, which layers take it, and a network inferring on it against the same network on
-its other paths, before and after its weights change."""
+"""The direct convolution vectorised across filters (kernels/direct_fv.py): the forward kernel, the
+weight gradient and the input gradient against float64 references (strides, paddings, kernel
+sizes, filter counts that are not whole vectors, maps that are not whole microkernels or units,
+both branches; the weight gradient the same bits at any thread count), its fused epilogue against
+the separate pass, which layers take it, a layer on it against central differences, and a network
+inferring on it against the same network on its other paths, before and after its weights
+change."""
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 
@@ -12,7 +15,8 @@ import darkpy.layers.convolutional as conv
 from darkpy.kernels import PARALLEL_MIN
 from darkpy.kernels import direct_fv as fv
 from darkpy.network import network_from_text
-from test_direct_conv import correlation
+from helpers import layer_gradcheck
+from test_direct_conv import correlation, weight_grad
 
 
 def _run(x, w, sy, sx, pad, *epilogue):
@@ -43,6 +47,51 @@ def test_kernel_matches_float64_correlation(shape):
     w = rng.standard_normal((N, C, k, k))
     np.testing.assert_allclose(_run(x, w, sy, sx, pad), correlation(x, w, sy, sx, pad),
                                rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gradients_match_float64_references(shape):
+    """The weight gradient (added to what dw held) at every stride and padding; the input gradient
+    (added to what dx held: the correlation of the delta with the filters turned and transposed)
+    at stride 1 with padding at most k − 1, the training path's reach."""
+    B, C, H, W, N, k, sy, sx, pad = shape
+    rng = np.random.default_rng(sum(shape) + 1)
+    x = rng.standard_normal((B, C, H, W))
+    w = rng.standard_normal((N, C, k, k))
+    d = rng.standard_normal(correlation(x, w, sy, sx, pad).shape)
+    dw = np.full(w.shape, 0.25)
+    fv.weight_grad(dw, x, d, sy, sx, pad)
+    np.testing.assert_allclose(dw, 0.25 + weight_grad(x, d, k, sy, sx, pad), rtol=1e-11, atol=1e-11)
+    if sy == sx == 1 and pad <= k - 1:
+        wt = np.full(N * k * k * fv.padded_filters(C), np.nan)
+        fv.filters_last_flipped(wt, w)
+        dx = np.full(x.shape, 0.5)
+        fv.input_grad_add(dx, d, wt, k, pad)
+        turned = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
+        np.testing.assert_allclose(dx, 0.5 + correlation(d, turned, 1, 1, k - 1 - pad),
+                                   rtol=1e-11, atol=1e-11)
+
+
+def test_weight_grad_same_bits_at_any_thread_count():
+    """float32, the parallel branch: one thread and two give the same bits (each block of 16
+    filters x 4 taps is summed by one unit in a fixed order)."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((64, 16, 8, 8)).astype(np.float32)
+    d = rng.standard_normal((64, 32, 8, 8)).astype(np.float32)
+    assert d.size >= PARALLEL_MIN
+    grads = []
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(threads)
+            dw = np.zeros((32, 16, 3, 3), np.float32)
+            fv.weight_grad(dw, x, d, 1, 1, 1)
+            grads.append(dw)
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_array_equal(grads[0], grads[1])
+    want = weight_grad(x.astype(np.float64), d.astype(np.float64), 3, 1, 1, 1)
+    assert np.abs(grads[0] - want).max() <= 1e-5 * np.abs(want).max()
 
 
 def test_parallel_branch_float32():
@@ -93,10 +142,14 @@ activation=linear
 
 
 def _nets(dtype=np.float64, **kw):
-    """The same network twice, with the same random weights and BN statistics; the second shares
-    its outputs (inference only)."""
+    """The same network twice, with the same random weights and BN statistics: the first built
+    with DIRECT_FV off (its other paths), the second sharing its outputs (inference only)."""
     opts = dict(batch=3, h=8, c=16, n=24, k=3, s=1, pad=1, bn=1, activation="leaky") | kw
-    nets = [network_from_text(CFG.format(**opts), dtype=dtype) for _ in range(2)]
+    text = CFG.format(**opts)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv, "DIRECT_FV", False)
+        nets = [network_from_text(text, dtype=dtype)]
+    nets.append(network_from_text(text, dtype=dtype))
     rng = np.random.default_rng(7)
     for layer, twin in zip(*(n.layers for n in nets)):
         for p, q in zip(layer.params, twin.params):
@@ -130,8 +183,9 @@ def test_network_on_the_path_gives_the_other_paths_outputs(kw):
         net.weights_changed()
     want = plain.forward(x).copy()
     np.testing.assert_allclose(shared.forward(x), want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
-    shared.unshare_outputs()            # training again: the layers leave the path
-    assert not any(l.direct_fv for l in convs)
+    shared.unshare_outputs()            # training again: only what the training path takes stays
+    assert [l.direct_fv for l in convs] == [l.stride_x == 1 and 9 * l.n <= fv.MAX_TAPS
+                                           if l.size == 3 else l.n <= fv.MAX_TAPS for l in convs]
 
 
 @pytest.mark.parametrize("bn", [0, 1])
@@ -149,21 +203,77 @@ def test_fused_epilogue_same_bits_as_the_separate_pass(monkeypatch, bn):
 
 
 def test_which_layers_take_it(monkeypatch):
-    """Only while inferring; at most MAX_TAPS taps per filter and PV to MAX_POSITIONS output
-    positions per item; no groups or dilation; never with DIRECT_FV off."""
+    """At most MAX_TAPS taps per filter and PV to MAX_POSITIONS output positions per item; no
+    groups or dilation; in training also stride 1, padding at most k − 1 and at most MAX_TAPS taps
+    per filter of the input gradient; never with DIRECT_FV off."""
     def takes(**kw):
-        _, shared = _nets(**kw)
-        return shared.layers[0].direct_fv
+        """(inferring, training): whether the first layer takes the path."""
+        text = CFG.format(**(dict(batch=3, h=8, c=16, n=24, k=3, s=1, pad=1, bn=1,
+                                  activation="leaky") | kw))
+        training, shared = network_from_text(text), network_from_text(text)
+        shared.share_outputs()
+        return shared.layers[0].direct_fv, training.layers[0].direct_fv
 
-    assert takes() and takes(c=32) and takes(h=2, k=1, pad=0) and takes(c=288, k=1, pad=0)
-    assert not takes(c=33)                          # 297 taps
-    assert not takes(c=289, k=1, pad=0)
-    assert not takes(h=9)                           # 81 positions
-    assert not takes(h=1, k=1, pad=0)               # one position: a connected layer
+    assert takes() == (True, True) and takes(n=32) == (True, True)
+    assert takes(n=33) == (True, False)             # the input gradient's 297 taps
+    assert takes(s=2, h=15) == (True, False)        # stride 2
+    text = CFG.format(batch=1, h=6, c=16, n=24, k=1, s=1, pad=0, bn=0, activation="leaky")
+    net = network_from_text(text.replace("pad=0\n", "padding=1\n", 1))     # padding past k - 1
+    assert net.layers[0].out_shape[1:] == (8, 8) and not net.layers[0].direct_fv
+    net.share_outputs()
+    assert net.layers[0].direct_fv
+
+    assert takes(c=32)[0] and takes(h=2, k=1, pad=0)[0] and takes(c=288, k=1, pad=0)[0]
+    assert takes(c=33) == (False, False)            # 297 taps
+    assert takes(c=289, k=1, pad=0) == (False, False)
+    assert takes(h=9) == (False, False)             # 81 positions
+    assert takes(h=1, k=1, pad=0) == (False, False)     # one position: a connected layer
     for extra in ("groups=2\n", "dilation=2\n"):
         text = CFG.format(batch=1, h=8, c=16, n=24, k=3, s=1, pad=1, bn=0, activation="leaky")
         net = network_from_text(text.replace("activation=leaky\n", "activation=leaky\n" + extra, 1))
+        assert not net.layers[0].direct_fv, extra
         net.share_outputs()
         assert not net.layers[0].direct_fv, extra
     monkeypatch.setattr(conv, "DIRECT_FV", False)
-    assert not takes()
+    assert takes() == (False, False)
+
+
+GRAD_CFG = """[net]
+batch=2
+height={h}
+width={h}
+channels={c}
+[maxpool]
+size=1
+stride=1
+[convolutional]
+filters={n}
+size={k}
+stride=1
+pad={pad}
+batch_normalize={bn}
+activation={activation}
+"""
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(bn=1, activation="mish"), dict(k=1, pad=0, c=24, n=10),
+                                dict(k=3, pad=0, h=6), dict(k=5, pad=2, c=3, n=11, h=5),
+                                dict(h=2, k=1, pad=0, n=17)])
+def test_layer_gradcheck_on_the_training_path(kw):
+    """A layer on the path in training (after a [maxpool] of size 1, so that its input gradient
+    is checked too) against central differences in float64: weights, biases or BN scales, and
+    the input."""
+    opts = dict(h=7, c=5, n=6, k=3, pad=1, bn=0, activation="leaky") | kw
+    net = layer_gradcheck(GRAD_CFG.format(**opts), 1)
+    assert net.layers[1].direct_fv
+
+
+def test_it_comes_before_the_other_small_map_paths():
+    """A layer the row-vectorised direct path (an 8x8 map in a small batch, inferring) or a kept
+    Winograd filter transform (32 channels on 8x8 at batch 1) would take takes this path instead,
+    and keeps no filter transform."""
+    from darkpy.kernels import direct as dk
+    for batch, c in ((64, 16), (1, 32)):
+        layer = _nets(batch=batch, c=c, n=32)[1].layers[0]
+        assert dk.supports(c, 32, 3, 1, 1, 1, 64, batch, True) or c == 32
+        assert layer.direct_fv and not (layer.direct or layer.winograd or layer.keep_filters)

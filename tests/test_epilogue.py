@@ -32,6 +32,15 @@ PATHS = {"winograd": (33, 8, 1), "direct": (3, 6, 1), "direct stride 2": (2, 32,
          "direct 16 channels": (16, 8, 1)}
 
 
+@pytest.fixture(autouse=True)
+def _no_direct_fv():
+    """The paths of PATHS, not the direct convolution across filters that 7x7 maps would take
+    (tests/test_direct_fv.py checks its epilogue)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv, "DIRECT_FV", False)
+        yield
+
+
 def _forward(monkeypatch, path, fused, h, bn, darknet_cpu, activation, seed):
     c, n, s = PATHS[path]
     monkeypatch.setattr(conv, "FUSED_EPILOGUE", fused)

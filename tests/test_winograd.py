@@ -18,11 +18,12 @@ from helpers import layer_gradcheck
 
 @pytest.fixture(autouse=True)
 def _small_maps_keep_their_path():
-    """This file's layers have small maps in small batches, which the direct path would otherwise
-    take (kernels/direct.py, SMALL_MAX_BATCH_POSITIONS). Its own MonkeyPatch: a test's
-    `monkeypatch.undo()` leaves it in place."""
+    """This file's layers have small maps in small batches, which the direct paths would otherwise
+    take (kernels/direct.py, SMALL_MAX_BATCH_POSITIONS; kernels/direct_fv.py). Its own
+    MonkeyPatch: a test's `monkeypatch.undo()` leaves it in place."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(dk, "SMALL_MAX_BATCH_POSITIONS", 0)
+        mp.setattr(conv, "DIRECT_FV", False)
         yield
 
 
@@ -357,15 +358,13 @@ def test_kept_transforms_stay_within_their_budget(monkeypatch):
         _same_forward(plain, shared, np.random.default_rng(3).uniform(-1, 1, plain.input.shape))
 
 
-@pytest.mark.parametrize("size, channels, kept", [(8, 64, True), (7, 64, False), (6, 64, False),
-                                                   (8, 16, False), (8, 32, False)])
+@pytest.mark.parametrize("size, channels, kept", [(8, 32, True), (7, 32, False), (6, 32, False),
+                                                   (8, 16, False)])
 def test_kept_transform_needs_enough_whole_tiles(size, channels, kept):
     """An 8x8 map at batch 1 has 16 whole 2x2 tiles and keeps its transform; a 7x7 one (9 whole of
-    16, a third of the work wasted) and a 6x6 one (9) stay on im2col, as does a 16-channel input;
-    a 32-channel one takes the direct convolution across filters (kernels/direct_fv.py)."""
+    16, a third of the work wasted) and a 6x6 one (9) stay on im2col, as does a 16-channel input."""
     text = KEPT_CFG.replace("height=14", f"height={size}").replace("width=14", f"width={size}")
     net = network_from_text(text.replace("channels=32", f"channels={channels}"))
     net.share_outputs()
     layer = net.layers[0]
     assert layer.keep_filters is kept and layer.winograd is kept
-    assert layer.direct_fv is (channels <= 32)

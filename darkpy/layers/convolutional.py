@@ -165,6 +165,7 @@ class ConvolutionalLayer(WinogradConv, Layer):
         self.direct = False
         self.direct_fv = False
         self._kept_wt = None                        # direct_fv's filters_last layout, once made
+        self._wt_flipped = np.zeros((0,), self.dtype)   # ... and its input gradient's
         self.wchunk = 1
         #: keep the Winograd filter transform between forwards (set by `plan_kept_filters` while the
         #: network's weights are fixed for inference), and the kept transform (None: not made yet)
@@ -262,6 +263,7 @@ class ConvolutionalLayer(WinogradConv, Layer):
         self.pre = np.zeros((0,), self.dtype)
         self.xnorm = np.zeros((0,), self.dtype)
         self.vkeep = np.zeros((0,), self.dtype)
+        self._wt_flipped = np.zeros((0,), self.dtype)
         self._v_kept = False
         self._vkeep_values = 0                  # V of the whole batch, when it fits the budget
         rows, cols = self.col_shape
@@ -317,9 +319,10 @@ class ConvolutionalLayer(WinogradConv, Layer):
 
     def _fv_applies(self, inference_only: bool) -> bool:
         """Whether the direct convolution across filters (kernels/direct_fv.py) takes this layer."""
-        return DIRECT_FV and fv.supports(self.in_shape[0] // self.groups, self.size, self.groups,
-                                         self.dilation, self.out_shape[1] * self.out_shape[2],
-                                         inference_only)
+        return DIRECT_FV and fv.supports(self.in_shape[0] // self.groups, self.n, self.size,
+                                         self.groups, self.dilation,
+                                         self.out_shape[1] * self.out_shape[2], inference_only,
+                                         max(self.stride_x, self.stride_y), self.padding)
 
     def _use_winograd(self, batch: int) -> bool:
         """Winograd for this batch: a shape it computes (`winograd_tiles`) with enough output tiles
@@ -354,7 +357,7 @@ class ConvolutionalLayer(WinogradConv, Layer):
         (swish/mish/...), BN's x̂ and the im2col path's weight-gradient scratch."""
         super().allocate_training()
         allocate_bias_bn_act_training(self)
-        if not (self.winograd or self.direct):
+        if not (self.winograd or self.direct or self.direct_fv):
             rows, _ = self.col_shape
             ng = self.n // self.groups
             self.wgrad_tmp = self.training_buffer(
@@ -363,12 +366,14 @@ class ConvolutionalLayer(WinogradConv, Layer):
             self.vkeep = self.training_buffer(self.vkeep, (self._vkeep_values,))
 
     def filters_last(self) -> np.ndarray:
-        """The weights laid out for `fv.conv_forward`, made at the first call after `allocate` or
-        `weights_changed` and kept (the direct_fv path runs only while the weights are fixed)."""
-        if self._kept_wt is None or not self.can_keep_filters:      # (XNOR binarises each time)
-            w = self.weights.value
+        """The weights laid out for `fv.conv_forward`: while they are fixed (`inference_only`) made
+        at the first call after `allocate` or `weights_changed` and kept, else at every call."""
+        w = self.weights.value
+        if self._kept_wt is None:
             self._kept_wt = np.empty(w[0].size * fv.padded_filters(self.n), self.dtype)
-            fv.filters_last(self._kept_wt, w)
+        elif self.inference_only and self.can_keep_filters:        # (XNOR binarises each time)
+            return self._kept_wt
+        fv.filters_last(self._kept_wt, w)
         return self._kept_wt
 
     def weights_changed(self) -> None:
@@ -376,7 +381,7 @@ class ConvolutionalLayer(WinogradConv, Layer):
         self._kept_wt = None
 
     def extra_buffers(self) -> list[np.ndarray]:
-        return [self.pre, self.xnorm, self.wgrad_tmp, self.vkeep]
+        return [self.pre, self.xnorm, self.wgrad_tmp, self.vkeep, self._wt_flipped]
 
     def after_load(self) -> None:
         """`flipped=1`: the file stores the weight matrix transposed, [c·k·k][n]."""
@@ -445,16 +450,15 @@ class ConvolutionalLayer(WinogradConv, Layer):
                             self.stride_y, self.stride_x, self.padding,
                             dk.block_rows(oh, ow, self.size, self.stride_x), *self._epilogue(s.train),
                             pool=pool)
-        filters_last = self.direct_fv and not s.train       # (a training forward takes `_chunks`)
-        if filters_last:
+        if self.direct_fv:
             fv.conv_forward(y.reshape(self.batch, self.n, oh, ow), x, self.filters_last(), self.size,
-                            self.stride_y, self.stride_x, self.padding, *self._epilogue(False))
+                            self.stride_y, self.stride_x, self.padding, *self._epilogue(s.train))
         wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
         if self.rows_gemm:
             blas.matmul(x.reshape(self.batch, -1), wmat[0].T, out=y.reshape(self.batch, self.n))
         elif self.one_gemm:                 # `_chunks`' one block, unsliced (never with Winograd/direct)
             blas.matmul(wmat[0], self._columns(x), out=y)
-        done = self.winograd or self.direct or filters_last or self.rows_gemm or self.one_gemm
+        done = self.winograd or self.direct or self.direct_fv or self.rows_gemm or self.one_gemm
         for items, j, cin, fout in ([] if done else self._chunks()):
             col = self._columns(x[items, cin])
             yg = y[items, fout]
@@ -480,6 +484,9 @@ class ConvolutionalLayer(WinogradConv, Layer):
         wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
         wgrad = self.weights.grad.reshape(wmat.shape)
         rows, cols = self.col_shape
+        if self.direct_fv:
+            self._backward_fv(x, d.reshape(self.batch, self.n, oh, ow), prev)
+            return
         if self.winograd:
             self._winograd_weight_grad(x, d.reshape(self.batch, self.n, oh, ow))
         elif self.direct:
@@ -522,6 +529,19 @@ class ConvolutionalLayer(WinogradConv, Layer):
             flipped = self.weights.value.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1]
             self._winograd(d.reshape(self.batch, self.n, oh, ow), flipped, 2 - self.padding, prev,
                            add=True)
+
+    def _backward_fv(self, x, d, prev) -> None:
+        """Backward of the direct_fv path (stride 1 in training): the weight gradient, then the input
+        gradient added into prev (when there is one) as the correlation of d with the filters
+        turned and transposed (`fv.input_grad_add`)."""
+        fv.weight_grad(self.weights.grad, x, d, self.stride_y, self.stride_x, self.padding)
+        if prev is None:
+            return
+        c = self.in_shape[0]
+        self._wt_flipped = self.training_buffer(
+            self._wt_flipped, (self.n * self.size * self.size * fv.padded_filters(c),))
+        fv.filters_last_flipped(self._wt_flipped, self.weights.value)
+        fv.input_grad_add(prev, d, self._wt_flipped, self.size, self.padding)
 
     def _backward_rows(self, d2, x2, prev, w) -> None:
         """Backward of `rows_gemm`: d2 (B, n), x2 (B, c), w (n, c); prev (B, c, 1, 1) or None."""
