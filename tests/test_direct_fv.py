@@ -165,7 +165,8 @@ def _nets(dtype=np.float64, **kw):
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(bn=0, activation="logistic"), dict(batch=64),
-                                dict(k=1, pad=0, c=64, n=10, h=4), dict(s=2, h=15, activation="mish"),
+                                dict(k=1, pad=0, c=64, n=10, h=4),
+                                dict(s=2, h=15, activation="mish"),
                                 dict(batch=1, c=32, n=64, h=4)])
 def test_network_on_the_path_gives_the_other_paths_outputs(kw):
     """An inferring network whose layers take the path gives what the unshared twin (im2col,
@@ -190,7 +191,8 @@ def test_network_on_the_path_gives_the_other_paths_outputs(kw):
 
 @pytest.mark.parametrize("bn", [0, 1])
 def test_fused_epilogue_same_bits_as_the_separate_pass(monkeypatch, bn):
-    """float32: the kernel's epilogue writes exactly what the separate bias/BN/activation pass does."""
+    """float32: the kernel's epilogue writes exactly what the separate bias/BN/activation pass
+    does."""
     outs = []
     for fused in (True, False):
         monkeypatch.setattr(conv, "FUSED_EPILOGUE", fused)

@@ -376,8 +376,8 @@ def _wgrad_parallel(dw, x, d, k, sy, sx, pad):
 
 
 def weight_grad(dw, x, d, sy, sx, pad):
-    """dw (N, C, k, k) += the weight gradient of `conv_forward`: per filter and tap, the sum over the
-    batch and the output positions of the delta d (B, N, OH, OW) (w.r.t. the raw product) times
+    """dw (N, C, k, k) += the weight gradient of `conv_forward`: per filter and tap, the sum over
+    the batch and the output positions of the delta d (B, N, OH, OW) (w.r.t. the raw product) times
     the input x (B, C, H, W) the tap reads. Each (16 filters, 4 taps) block is one unit of work
     summed in a fixed order, so the result does not depend on the thread count. Serial below
     PARALLEL_MIN delta values."""

@@ -30,11 +30,11 @@ from .. import blas
 from ..kernels import activations as act
 from ..kernels import bn as bnk
 from ..kernels import direct as dk
-from ..kernels import direct_fv as fv
 from ..kernels import im2col as ic
 from ..kernels import winograd as wg
 from ..memory import param_ones, param_zeros
 from .base import Layer, Param, State, fmt_shape, register
+from .conv_direct_fv import DirectFvConv
 from .conv_winograd import WinogradConv
 
 #: Per-item multiply-adds (n/g · c/g·k·k · oh·ow) from which a batch's items are put side by side
@@ -80,9 +80,9 @@ POOLED_MIN_POSITIONS = 16 * 16
 #: forward pass and the weight gradient (the input gradient stays im2col's). It comes before
 #: Winograd. False: im2col + GEMM or Winograd.
 DIRECT = True
-#: In a network that will only infer, layers with small output maps and few taps per filter
-#: (`fv.supports`) take the direct convolution vectorised across filters (kernels/direct_fv.py),
-#: before every other path. False: never.
+#: Layers with small output maps and few taps per filter (`fv.supports`: in training only stride-1
+#: ones) take the direct convolution vectorised across filters (kernels/direct_fv.py) in the
+#: forward pass and both gradients, before every other path. False: never.
 DIRECT_FV = True
 
 #: Keys that switch on behaviour darkpy does not implement; a non-zero value is an error.
@@ -129,7 +129,7 @@ class BatchNormParams:
 
 
 @register
-class ConvolutionalLayer(WinogradConv, Layer):
+class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
     kind = "convolutional"
     aliases = ("conv",)
     needs_image = True
@@ -277,7 +277,7 @@ class ConvolutionalLayer(WinogradConv, Layer):
         self.wgrad_tmp = np.zeros((0,), self.dtype)
         ic.reserve(self.chunk * (rows + ng) * cols, self.dtype)
         self._kept_wt = None
-        self.direct_fv = self._fv_applies(self.inference_only)
+        self.direct_fv = DIRECT_FV and self._fv_applies(self.inference_only)
         self.direct = not self.direct_fv and DIRECT and dk.supports(
             self.in_shape[0], self.n, self.size, self.groups, self.dilation,
             max(self.stride_x, self.stride_y), self.out_shape[1] * self.out_shape[2], batch,
@@ -306,7 +306,8 @@ class ConvolutionalLayer(WinogradConv, Layer):
     def _epilogue(self, train: bool) -> tuple:
         """`inference_epilogue` for a kernel that writes the output (Winograd's output transform,
         the direct convolutions), or () for the separate pass."""
-        self._fused = (self.winograd or self.direct or self.direct_fv) and not train and FUSED_EPILOGUE
+        self._fused = ((self.winograd or self.direct or self.direct_fv) and not train
+                       and FUSED_EPILOGUE)
         return inference_epilogue(self) if self._fused else ()
 
     def can_write_pooled(self, pool) -> bool:
@@ -316,13 +317,6 @@ class ConvolutionalLayer(WinogradConv, Layer):
         POOLED_MIN_POSITIONS."""
         return ((self.winograd or self.direct) and FUSED_EPILOGUE and pool.halves_2x2()
                 and self.out_shape[1] * self.out_shape[2] >= POOLED_MIN_POSITIONS)
-
-    def _fv_applies(self, inference_only: bool) -> bool:
-        """Whether the direct convolution across filters (kernels/direct_fv.py) takes this layer."""
-        return DIRECT_FV and fv.supports(self.in_shape[0] // self.groups, self.n, self.size,
-                                         self.groups, self.dilation,
-                                         self.out_shape[1] * self.out_shape[2], inference_only,
-                                         max(self.stride_x, self.stride_y), self.padding)
 
     def _use_winograd(self, batch: int) -> bool:
         """Winograd for this batch: a shape it computes (`winograd_tiles`) with enough output tiles
@@ -347,7 +341,7 @@ class ConvolutionalLayer(WinogradConv, Layer):
         _, oh, ow = self.out_shape
         whole = batch * (oh // 2) * (ow // 2)
         return tiles if (self.can_keep_filters and tiles < WINOGRAD_MIN_TILES
-                         and not self._fv_applies(True)
+                         and not (DIRECT_FV and self._fv_applies(True))
                          and whole >= WINOGRAD_KEPT_MIN_TILES
                          and self.in_shape[0] >= WINOGRAD_KEPT_MIN_CHANNELS) else 0
 
@@ -364,21 +358,6 @@ class ConvolutionalLayer(WinogradConv, Layer):
                 self.wgrad_tmp, (ng, rows) if self.wide or self.rows_gemm else (self.chunk, ng, rows))
         if self._vkeep_values:
             self.vkeep = self.training_buffer(self.vkeep, (self._vkeep_values,))
-
-    def filters_last(self) -> np.ndarray:
-        """The weights laid out for `fv.conv_forward`: while they are fixed (`inference_only`) made
-        at the first call after `allocate` or `weights_changed` and kept, else at every call."""
-        w = self.weights.value
-        if self._kept_wt is None:
-            self._kept_wt = np.empty(w[0].size * fv.padded_filters(self.n), self.dtype)
-        elif self.inference_only and self.can_keep_filters:        # (XNOR binarises each time)
-            return self._kept_wt
-        fv.filters_last(self._kept_wt, w)
-        return self._kept_wt
-
-    def weights_changed(self) -> None:
-        super().weights_changed()
-        self._kept_wt = None
 
     def extra_buffers(self) -> list[np.ndarray]:
         return [self.pre, self.xnorm, self.wgrad_tmp, self.vkeep, self._wt_flipped]
@@ -451,8 +430,7 @@ class ConvolutionalLayer(WinogradConv, Layer):
                             dk.block_rows(oh, ow, self.size, self.stride_x), *self._epilogue(s.train),
                             pool=pool)
         if self.direct_fv:
-            fv.conv_forward(y.reshape(self.batch, self.n, oh, ow), x, self.filters_last(), self.size,
-                            self.stride_y, self.stride_x, self.padding, *self._epilogue(s.train))
+            self._forward_fv(x, y.reshape(self.batch, self.n, oh, ow), self._epilogue(s.train))
         wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
         if self.rows_gemm:
             blas.matmul(x.reshape(self.batch, -1), wmat[0].T, out=y.reshape(self.batch, self.n))
@@ -529,19 +507,6 @@ class ConvolutionalLayer(WinogradConv, Layer):
             flipped = self.weights.value.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1]
             self._winograd(d.reshape(self.batch, self.n, oh, ow), flipped, 2 - self.padding, prev,
                            add=True)
-
-    def _backward_fv(self, x, d, prev) -> None:
-        """Backward of the direct_fv path (stride 1 in training): the weight gradient, then the input
-        gradient added into prev (when there is one) as the correlation of d with the filters
-        turned and transposed (`fv.input_grad_add`)."""
-        fv.weight_grad(self.weights.grad, x, d, self.stride_y, self.stride_x, self.padding)
-        if prev is None:
-            return
-        c = self.in_shape[0]
-        self._wt_flipped = self.training_buffer(
-            self._wt_flipped, (self.n * self.size * self.size * fv.padded_filters(c),))
-        fv.filters_last_flipped(self._wt_flipped, self.weights.value)
-        fv.input_grad_add(prev, d, self._wt_flipped, self.size, self.padding)
 
     def _backward_rows(self, d2, x2, prev, w) -> None:
         """Backward of `rows_gemm`: d2 (B, n), x2 (B, c), w (n, c); prev (B, c, 1, 1) or None."""
