@@ -103,6 +103,26 @@ def filters_last(wt, w):
             row[f] = 0
 
 
+@_jit
+def _fma2(a0, a1, u, w0, w1):
+    """(a0 + u·w0, a1 + u·w1): one input value broadcast against two vectors of filters."""
+    return simd.fma(a0, u, w0), simd.fma(a1, u, w1)
+
+
+@_jit
+def _store8(out, a00, a01, a10, a11, a20, a21, a30, a31):
+    """out[:8·LANES] := the eight accumulators of a microkernel, in order."""
+    L = simd.LANES
+    simd.store(out, 0, a00)
+    simd.store(out, L, a01)
+    simd.store(out, 2 * L, a10)
+    simd.store(out, 3 * L, a11)
+    simd.store(out, 4 * L, a20)
+    simd.store(out, 5 * L, a21)
+    simd.store(out, 6 * L, a30)
+    simd.store(out, 7 * L, a31)
+
+
 @_serial
 def _tile(out, src, s0, wt, npad, toff, pos, p0, f0):
     """out (PV·FV,) := positions pos[p0:p0+PV] x filters f0..f0+FV−1 of the correlation, reading
@@ -114,23 +134,11 @@ def _tile(out, src, s0, wt, npad, toff, pos, p0, f0):
         o = toff[t]
         w0 = simd.load(wt, t * npad + f0)
         w1 = simd.load(wt, t * npad + f0 + simd.LANES)
-        u = simd.get(src, b0 + o)
-        a00, a01 = simd.fma(a00, u, w0), simd.fma(a01, u, w1)
-        u = simd.get(src, b1 + o)
-        a10, a11 = simd.fma(a10, u, w0), simd.fma(a11, u, w1)
-        u = simd.get(src, b2 + o)
-        a20, a21 = simd.fma(a20, u, w0), simd.fma(a21, u, w1)
-        u = simd.get(src, b3 + o)
-        a30, a31 = simd.fma(a30, u, w0), simd.fma(a31, u, w1)
-    L = simd.LANES
-    simd.store(out, 0, a00)
-    simd.store(out, L, a01)
-    simd.store(out, 2 * L, a10)
-    simd.store(out, 3 * L, a11)
-    simd.store(out, 4 * L, a20)
-    simd.store(out, 5 * L, a21)
-    simd.store(out, 6 * L, a30)
-    simd.store(out, 7 * L, a31)
+        a00, a01 = _fma2(a00, a01, simd.get(src, b0 + o), w0, w1)
+        a10, a11 = _fma2(a10, a11, simd.get(src, b1 + o), w0, w1)
+        a20, a21 = _fma2(a20, a21, simd.get(src, b2 + o), w0, w1)
+        a30, a31 = _fma2(a30, a31, simd.get(src, b3 + o), w0, w1)
+    _store8(out, a00, a01, a10, a11, a20, a21, a30, a31)
 
 
 @_jit
@@ -154,6 +162,14 @@ def _tables(x, k, sy, sx, pad, oh, ow):
         q = min(p, S - 1)
         pos[p] = (q // ow) * sy * wp + (q % ow) * sx
     return hp * wp, wp, toff, pos
+
+
+@_jit
+def _source(x, pad, plane):
+    """What the kernels read: x itself (flat) without padding, else a buffer of B·C padded planes
+    of `plane` values."""
+    n = x.shape[0] * x.shape[1] * plane
+    return x.reshape(n) if pad == 0 else np.empty(n, x.dtype)
 
 
 @_jit
@@ -199,6 +215,9 @@ def _unit(y, src, item, wt, npad, toff, pos, t, groups, runs, k, off, act, add):
             affine_act_row(y[b, f, p_lo:p_hi], k[f], off[f], act)
 
 
+# Twins, as in direct.py: the parallel one's prange loops. Sharing their set-up through a helper
+# (the source as a conditional expression, the padding loop over a conditional range) made the
+# parallel twin 7x slower (digits' 32 -> 64 layer at b64 0.7 -> 5.2 ms on one thread).
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
 def _forward_serial(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add):
     plane, wp, toff, pos = _tables(x, k, sy, sx, pad, oh, ow)
@@ -286,23 +305,11 @@ def _wtile(out, src, item, dt, npad, S, B, toff, t0, pos, f0):
             r = (b * S + p) * npad + f0
             w0 = simd.load(dt, r)
             w1 = simd.load(dt, r + simd.LANES)
-            u = simd.get(src, q + o0)
-            a00, a01 = simd.fma(a00, u, w0), simd.fma(a01, u, w1)
-            u = simd.get(src, q + o1)
-            a10, a11 = simd.fma(a10, u, w0), simd.fma(a11, u, w1)
-            u = simd.get(src, q + o2)
-            a20, a21 = simd.fma(a20, u, w0), simd.fma(a21, u, w1)
-            u = simd.get(src, q + o3)
-            a30, a31 = simd.fma(a30, u, w0), simd.fma(a31, u, w1)
-    L = simd.LANES
-    simd.store(out, 0, a00)
-    simd.store(out, L, a01)
-    simd.store(out, 2 * L, a10)
-    simd.store(out, 3 * L, a11)
-    simd.store(out, 4 * L, a20)
-    simd.store(out, 5 * L, a21)
-    simd.store(out, 6 * L, a30)
-    simd.store(out, 7 * L, a31)
+            a00, a01 = _fma2(a00, a01, simd.get(src, q + o0), w0, w1)
+            a10, a11 = _fma2(a10, a11, simd.get(src, q + o1), w0, w1)
+            a20, a21 = _fma2(a20, a21, simd.get(src, q + o2), w0, w1)
+            a30, a31 = _fma2(a30, a31, simd.get(src, q + o3), w0, w1)
+    _store8(out, a00, a01, a10, a11, a20, a21, a30, a31)
 
 
 @_serial                # compiled on its own: inlined into the parallel twin it ran 5x slower
@@ -317,7 +324,7 @@ def _wgrad_tables(x, d, k, sy, sx, pad):
     toff = np.empty(-(-K // TV) * TV, np.int64)
     for t in range(toff.shape[0]):
         toff[t] = toff0[min(t, K - 1)]
-    src = x.reshape(B * C * plane) if pad == 0 else np.empty(B * C * plane, x.dtype)
+    src = _source(x, pad, plane)
     npad = -(-N // FV) * FV
     return src, plane, wp, np.empty(B * oh * ow * npad, d.dtype), npad, toff, pos
 
