@@ -64,7 +64,7 @@ def test_gradients_match_float64_references(shape):
     np.testing.assert_allclose(dw, 0.25 + weight_grad(x, d, k, sy, sx, pad), rtol=1e-11, atol=1e-11)
     if sy == sx == 1 and pad <= k - 1:
         wt = np.full(N * k * k * fv.padded_filters(C), np.nan)
-        fv.filters_last_flipped(wt, w)
+        fv.filters_last(wt, fv.turned(w))
         dx = np.full(x.shape, 0.5)
         fv.input_grad_add(dx, d, wt, k, pad)
         turned = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)

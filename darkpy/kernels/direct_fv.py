@@ -264,28 +264,17 @@ def conv_forward(y, x, wt, k, sy, sx, pad, kk=_NO_AFFINE, off=_NO_AFFINE, act=0,
     run(y.reshape(B, N, OH * OW), x, wt, k, sy, sx, pad, OH, OW, kk, off, act, add)
 
 
+def turned(w):
+    """The filters of the input gradient: w (n, c, k, k) turned 180 degrees and transposed to
+    (c, n, k, k), contiguous (for `filters_last`)."""
+    return np.ascontiguousarray(w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
+
+
 def input_grad_add(dx, d, wt, k, pad):
     """dx (B, C, H, W) += the input gradient of a stride-1 `conv_forward` whose delta (w.r.t. the
     raw product) is d (B, N, OH, OW): the correlation of d, padded by k − 1 − pad, with the filters
-    turned 180 degrees and transposed, laid out by `filters_last_flipped` in wt."""
+    turned 180 degrees and transposed (`turned`), laid out by `filters_last` in wt."""
     conv_forward(dx, d, wt, k, 1, 1, k - 1 - pad, add=True)
-
-
-@numba.njit(cache=True, nogil=True)
-def filters_last_flipped(wt, w):
-    """wt := `filters_last` of the filters of the input gradient: w (n, c, k, k) turned 180 degrees
-    and transposed to (c, n, k, k)."""
-    n, c, k = w.shape[0], w.shape[1], w.shape[2]
-    taps = n * k * k
-    npad = wt.shape[0] // taps
-    for f in range(n):
-        for ky in range(k):
-            for kx in range(k):
-                row = wt[((f * k + ky) * k + kx) * npad:((f * k + ky) * k + kx + 1) * npad]
-                for ci in range(c):
-                    row[ci] = w[f, ci, k - 1 - ky, k - 1 - kx]
-                for ci in range(c, npad):
-                    row[ci] = 0
 
 
 #: Taps per weight-gradient microkernel (`_wtile`): 4 taps x 16 filters in eight vectors.

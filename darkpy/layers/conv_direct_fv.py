@@ -53,5 +53,5 @@ class DirectFvConv:
         c = self.in_shape[0]
         self._wt_flipped = self.training_buffer(
             self._wt_flipped, (self.n * self.size * self.size * fv.padded_filters(c),))
-        fv.filters_last_flipped(self._wt_flipped, self.weights.value)
+        fv.filters_last(self._wt_flipped, fv.turned(self.weights.value))
         fv.input_grad_add(prev, d, self._wt_flipped, self.size, self.padding)
