@@ -70,10 +70,12 @@ def step_arguments(ap) -> None:
 
 
 def as_the_worker(net, args) -> None:
-    """An inference network runs as the suite's worker and the inference commands run it: with
-    shared outputs (and what comes with them), unless --plain-outputs."""
+    """A network runs as the suite's worker and the commands run it: for inference with shared
+    outputs (and what comes with them), unless --plain-outputs; for training with shared deltas."""
     if args.mode == "infer" and not args.plain_outputs:
         net.share_outputs(keep=[net.output_layer.index])
+    if args.mode == "train":
+        net.share_deltas()
 
 
 def warm_up(net, step, steps: int = 3) -> None:

@@ -135,6 +135,8 @@ class DarkpyRunner:
         self.truth = load_truth(job, self.net.output_layer.outputs, self.net.truths)
         self.heads = sorted({self.net.output_layer.index}
                             | {l.index for l in self.net.layers if l.kind == "yolo"})
+        if job["mode"] == "train":
+            self.net.share_deltas()     # as `darkpy train` runs (darkpy/deltas_plan.py)
         if job["mode"] == "infer":
             # as `darkpy predict/detect/valid/map` run: only the compared outputs keep their own
             # buffers (`check`, which reads every layer, gives every layer its own again)
@@ -142,10 +144,10 @@ class DarkpyRunner:
 
     def buffers(self) -> dict:
         """darkpy's allocated buffers by role, in MB."""
+        from darkpy.deltas_plan import delta_bytes
         from darkpy.outputs_plan import output_bytes
-        out = {"output": output_bytes(self.net.layers), "delta": 0, "other": 0}
+        out = {"output": output_bytes(self.net.layers), "delta": delta_bytes(self.net.layers), "other": 0}
         for layer in self.net.layers:
-            out["delta"] += layer.delta.nbytes
             extra = getattr(layer, "extra_buffers", None)
             out["other"] += sum(a.nbytes for a in extra()) if extra else 0
             out["other"] += sum(p.value.nbytes + p.grad.nbytes for p in layer.params)

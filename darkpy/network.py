@@ -5,7 +5,8 @@ State rules (DESIGN §4), each enforced here and tested:
    truth, on the current batch and shape. A forward without truth leaves every cost layer with
    `cost is None` and a zeroed `loss`.
 2. Deltas are zeroed at each forward (before any layer runs) and accumulate (+=) in backward, so an
-   output consumed twice (route, shortcut) receives the sum of both paths.
+   output consumed twice (route, shortcut) receives the sum of both paths. Under `share_deltas()`
+   a shared delta is zeroed again where its life in the backward starts (darkpy/deltas_plan.py).
 3. Parameter gradients accumulate across `subdivisions` mini-batches; `update()` consumes them.
 4. `resize()` and `set_batch()` reallocate every buffer and invalidate the truth flag. The
    training-only buffers (deltas, losses, backward caches) are dropped there and allocated again by
@@ -24,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from . import layers as _layers  # noqa: F401  (registers every layer family)
-from . import outputs_plan
+from . import deltas_plan, outputs_plan
 from .cfg import CfgDocument, CfgWarning, Section, load_cfg, parse_cfg
 from .errors import CfgError, StateError, TrainingError
 from .layers.base import REGISTRY, Layer, State, is_image, numel
@@ -195,6 +196,9 @@ class Network:
         self.truth: np.ndarray | None = None
         self._share_keep: tuple[int, ...] | None = None     # share_outputs() in force
         self._arena: np.ndarray | None = None
+        self._share_deltas = False                          # share_deltas() in force
+        self._delta_arena: np.ndarray | None = None
+        self._delta_zero: dict[int, list[int]] = {}         # layer j -> deltas zeroed before its backward
         #: threads per layer, measured over the first passes of each kind (`.enabled = False`: all
         #: layers on numba's current count)
         self.thread_plans = ThreadPlans()
@@ -260,7 +264,8 @@ class Network:
         self._ready_for_backward = False
         self._deltas_dirty = False
         self.cost = self.cost_mean = None
-        self._arena = None
+        self._arena = self._delta_arena = None
+        self._delta_zero = {}
         if self._share_keep is not None:
             out = self.layers.index(self.output_layer)
             self._arena, _ = outputs_plan.apply(self.layers, out, self._share_keep, self.dtype)
@@ -304,8 +309,20 @@ class Network:
         if self._share_keep is not None:
             raise StateError("this network shares its layers' output buffers for inference "
                              "(share_outputs()); call unshare_outputs() before training")
+        if self._share_deltas and deltas_plan.SHARE and self._delta_arena is None:
+            self._delta_arena, self._delta_zero = deltas_plan.apply(self.layers, self.dtype)
         for layer in self.layers:
             layer.allocate_training()
+
+    def share_deltas(self, on: bool = True) -> None:
+        """Training memory: the deltas of layers that nothing reads outside a backward share one arena
+        (darkpy/deltas_plan.py; cifar.cfg at batch 128: 306 MB of deltas -> 98 MB), as PyTorch frees
+        a gradient once it is passed on. Same arithmetic, same results; after a backward only the
+        kept layers' deltas (cost layers, detection heads, the last) are readable. Stays in force
+        across `set_batch` and `resize`; `on=False` gives every layer its own delta again.
+        `darkpy train` turns it on."""
+        self._share_deltas = on
+        self.allocate(self.batch)
 
     def set_batch(self, batch: int) -> None:
         """Change the rows per forward pass; reallocates every buffer (DESIGN §4 rule 4)."""
@@ -407,7 +424,10 @@ class Network:
             self.allocate_training()
         if self._deltas_dirty:
             for layer in self.layers:
-                layer.delta.fill(0)
+                if self._delta_arena is None or layer.delta.base is not self._delta_arena:
+                    layer.delta.fill(0)
+            if self._delta_arena is not None:
+                self._delta_arena.fill(0)
         self._deltas_dirty = train
         if train:
             self.seen += self.batch
@@ -458,6 +478,8 @@ class Network:
             layer = layers[i]
             if layer.stopbackward:
                 return True
+            for k in self._delta_zero.get(i, ()):       # share_deltas(): a delta's life starts here
+                layers[k].delta.fill(0)
             if i > 0:
                 s.input, s.delta = layers[i - 1].output, layers[i - 1].delta
             else:

@@ -289,6 +289,7 @@ def _start_network(cfg: str, weights, clear: bool, seed, max_batches, settings: 
     from .network import load_network
 
     net = load_network(cfg, seed=settings.seed if seed is None else seed)
+    net.share_deltas()      # deltas dead outside the backward share memory (darkpy/deltas_plan.py)
     meta = None
     if weights is not None:
         from .partial import partial_layers, weights_hint
