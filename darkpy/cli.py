@@ -244,7 +244,7 @@ def cfg():
 def cfg_check(path, strict):
     """Print every problem in PATH (file:line [section] key: what). Exit 1 if any is an error
     (with --strict: if there is any problem); warnings alone exit 0."""
-    from .network import check_cfg_problems
+    from .cfgcheck import check_cfg_problems
 
     problems = check_cfg_problems(path)
     for message, _is_error in problems:
@@ -284,7 +284,7 @@ def cfg_set(path, assignments, unset, dry_run):
     darkpy cfg set cfg/x.cfg net.batch=64 -1.filters=255
     """
     from .cfg import CfgWarning, diff_text, load_cfg, parse_cfg
-    from .network import cfg_problems
+    from .cfgcheck import cfg_problems
 
     if not assignments and not unset:
         raise click.UsageError("nothing to set: give SECTION.KEY=VALUE arguments or --unset SECTION.KEY")

@@ -15,7 +15,8 @@ from darkpy.cfg import (CfgWarning, load_cfg, parse_cfg, parse_yaml, sections_to
                         yaml_to_cfg_text)
 from darkpy.errors import CfgError
 from darkpy.layers import REGISTRY
-from darkpy.network import build_layers, check_cfg, load_network, network_from_text
+from darkpy.cfgcheck import check_cfg
+from darkpy.network import build_layers, load_network, network_from_text
 
 F = "t.cfg"
 

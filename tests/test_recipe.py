@@ -28,7 +28,8 @@ from darkpy.cli import main
 from darkpy.cli_darknet import DarknetUsage, translate
 from darkpy.datasets import read_data_file, read_list
 from darkpy.errors import CfgError, DataError
-from darkpy.network import check_cfg, load_network, network_from_text
+from darkpy.cfgcheck import check_cfg
+from darkpy.network import load_network, network_from_text
 from darkpy.partial import class_independent_layers, partial_layers
 from darkpy.progress import Progress, Record, parse_line
 from darkpy.settings import Settings

@@ -12,7 +12,8 @@ import pytest
 from helpers import shapes_generator, short_shapes_tiny
 
 from darkpy.datasets import label_path_for, read_box_labels, read_names
-from darkpy.network import check_cfg, load_network
+from darkpy.cfgcheck import check_cfg
+from darkpy.network import load_network
 
 ROOT = Path(__file__).resolve().parents[1]
 
