@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .outputs_plan import last_uses, place
+from .outputs_plan import distinct_bytes, last_uses, place
 
 #: False: `share_deltas()` leaves every layer its own delta (for measuring what sharing changes).
 SHARE = True
@@ -63,8 +63,4 @@ def apply(layers: Sequence, dtype) -> tuple[np.ndarray, dict[int, list[int]]]:
 
 def delta_bytes(layers: Sequence) -> int:
     """Bytes of the distinct buffers the layers' deltas live in (an arena counted once)."""
-    seen = {}
-    for layer in layers:
-        buf = layer.delta if layer.delta.base is None else layer.delta.base
-        seen[id(buf)] = buf.nbytes
-    return sum(seen.values())
+    return distinct_bytes(layer.delta for layer in layers)

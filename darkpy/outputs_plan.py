@@ -145,9 +145,14 @@ def fuse_pools(layers: Sequence, output_index: int, keep: Iterable[int]) -> int:
 
 def output_bytes(layers: Sequence) -> int:
     """Bytes of the distinct buffers the layers' outputs live in (an arena counted once)."""
+    return distinct_bytes(layer.output for layer in layers)
+
+
+def distinct_bytes(arrays: Iterable[np.ndarray]) -> int:
+    """Bytes of the distinct buffers the arrays live in (views of one buffer count it once)."""
     seen = {}
-    for layer in layers:
-        buf = layer.output if layer.output.base is None else layer.output.base
+    for a in arrays:
+        buf = a if a.base is None else a.base
         seen[id(buf)] = buf.nbytes
     return sum(seen.values())
 
