@@ -2,7 +2,8 @@
 
 Every layer owns its `delta` buffer, the size of its output, and after a backward every one of them
 is readable, as in Darknet. Training pays for that: cifar.cfg at batch 128 holds 306 MB of deltas,
-when at most two layers' deltas (~100 MB) are in use at any one moment of a backward. As PyTorch's
+when at most two large layers' deltas (98 MB) are in use at any one moment of a backward (the
+arena this plan places them in: 110 MB). As PyTorch's
 autograd frees a gradient once it has been passed on, `Network.share_deltas` gives the deltas that
 nothing needs outside the backward views of one arena, placed so that two share memory only when
 their lives do not overlap:

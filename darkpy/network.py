@@ -316,7 +316,7 @@ class Network:
 
     def share_deltas(self, on: bool = True) -> None:
         """Training memory: the deltas of layers that nothing reads outside a backward share one arena
-        (darkpy/deltas_plan.py; cifar.cfg at batch 128: 306 MB of deltas -> 98 MB), as PyTorch frees
+        (darkpy/deltas_plan.py; cifar.cfg at batch 128: 306 MB of deltas -> 110 MB), as PyTorch frees
         a gradient once it is passed on. Same arithmetic, same results; after a backward only the
         kept layers' deltas (cost layers, detection heads, the last) are readable. Stays in force
         across `set_batch` and `resize`; `on=False` gives every layer its own delta again.
