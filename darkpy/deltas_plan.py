@@ -3,10 +3,9 @@
 Every layer owns its `delta` buffer, the size of its output, and after a backward every one of them
 is readable, as in Darknet. Training pays for that: cifar.cfg at batch 128 holds 306 MB of deltas,
 when at most two large layers' deltas (98 MB) are in use at any one moment of a backward (the
-arena this plan places them in: 110 MB). As PyTorch's
-autograd frees a gradient once it has been passed on, `Network.share_deltas` gives the deltas that
-nothing needs outside the backward views of one arena, placed so that two share memory only when
-their lives do not overlap:
+arena this plan places them in: 110 MB). As PyTorch's autograd frees a gradient once it has been
+passed on, `Network.share_deltas` gives the deltas that nothing needs outside the backward views of
+one arena, placed so that two share memory only when their lives do not overlap:
 
 - in a backward (layers last to first), layer i's delta lives from the backward of its first
   writer, the highest-index layer that adds into it (the next layer, and every layer whose `refs`
