@@ -1,9 +1,10 @@
 """Network.share_deltas: training with the deltas that live only inside a backward in one arena.
 
 - A training step gives bit-identical parameter gradients, cost and kept deltas with shared deltas
-  as with every layer owning its own, on the shipped cfgs and one of each family of shared
-  networks (routes, shortcuts, detection heads, recurrent and attention layers, dropout), with the
-  arena filled with NaN first (a layer that read a delta before it was zeroed would show it).
+  as with every layer owning its own, on the shipped cfgs and on every distinct shared network
+  darkpy exports (routes, shortcuts, detection heads, recurrent and attention layers, dropout, ...;
+  those outside the export tests' fast list marked `slow`), with the arena filled with NaN first
+  (a layer that read a delta before it was zeroed would show it).
 - The plan: a delta is zeroed by its first writer's step and lives to its own layer's backward;
   two deltas alive at once never share memory; kept layers own theirs.
 - The state rules: a forward without truth leaves the arena zero, set_batch/resize keep the plan,
@@ -19,11 +20,12 @@ import pytest
 
 from conftest import shared_path
 from darkpy import deltas_plan, outputs_plan
+from darkpy.errors import TrainingError
 from darkpy.network import load_network, network_from_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import export_cases as ec  # noqa: E402
-from test_export import FAST  # noqa: E402
+from test_export import _params as exported_networks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the shipped cfgs and a small batch each (a sequence model's: whole sequences of time_steps rows)
@@ -73,7 +75,12 @@ def _check_same_step(net, name: str) -> None:
     if net.layers[0].kind == "embedding":                   # token ids
         x = rng.integers(0, net.layers[0].vocab, x.shape).astype(np.float32)
     truth = _truth(net, rng)
-    owned = _step(net, x, truth)
+    try:
+        owned = _step(net, x, truth)
+    except TrainingError as e:          # e.g. [contrastive]: darkpy refuses to train it, and says so
+        if "not supported by darkpy" not in str(e):
+            raise
+        pytest.skip(f"{name}: {e}")
     net.share_deltas()
     net.allocate_training()
     assert net._delta_arena is not None, name
@@ -89,7 +96,7 @@ def test_shipped_networks_train_the_same_with_shared_deltas(cfg):
     _check_same_step(net, cfg)
 
 
-@pytest.mark.parametrize("name", FAST)
+@pytest.mark.parametrize("name", exported_networks())     # one per distinct network; most `slow`
 def test_shared_networks_train_the_same_with_shared_deltas(name):
     shared_path("cfg")
     net = ec.prepare(name).net             # built at a small size, random weights
