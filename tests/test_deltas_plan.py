@@ -136,6 +136,47 @@ activation=linear
 """
 
 
+ATTENTION = """
+[net]
+width=8
+height=8
+channels=3
+[convolutional]
+filters=4
+size=3
+pad=1
+activation=leaky
+[convolutional]
+filters=4
+size=1
+activation=logistic
+[sam]
+from=-2
+[avgpool]
+[convolutional]
+filters=4
+size=1
+activation=logistic
+[scale_channels]
+from=-3
+activation=swish
+[convolutional]
+filters=3
+size=1
+activation=linear
+[avgpool]
+[softmax]
+"""
+
+
+def test_attention_layers_train_the_same_with_shared_deltas():
+    """[sam] and [scale_channels] add into the delta of the layer `from` names (none of the shared
+    networks above has them)."""
+    net = network_from_text(ATTENTION, batch=2)
+    assert [l.kind for l in net.layers][2:6] == ["sam", "avgpool", "convolutional", "scale_channels"]
+    _check_same_step(net, "sam + scale_channels")
+
+
 def test_the_plan_zeroes_each_delta_at_its_first_writer_and_overlaps_only_dead_ones():
     net = network_from_text(CHAIN_WITH_SHORTCUT, batch=2)
     net.share_deltas()
