@@ -18,7 +18,7 @@ one arena, placed so that two share memory only when their lives do not overlap:
 
 The arena is zeroed at each forward too, so a forward without truth leaves nothing stale that reads
 as current. After a backward, the shared deltas hold whatever the last layer to use their memory
-left there; `unshare_deltas()` gives every layer its own again.
+left there; `share_deltas(False)` gives every layer its own again.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
+from . import outputs_plan
 from .outputs_plan import distinct_bytes, last_uses, place
 
 #: False: `share_deltas()` leaves every layer its own delta (for measuring what sharing changes).
@@ -34,13 +35,9 @@ SHARE = True
 
 def kept_layers(layers: Sequence) -> set[int]:
     """Layers whose delta is their own: written in the forward (cost layers, detection heads, the
-    last layer) or not a plain buffer of their own (composite layers)."""
-    kept = {len(layers) - 1}
-    for i, layer in enumerate(layers):
-        if (layer.has_cost or getattr(layer, "is_detection_head", False)
-                or not getattr(layer, "output_shareable", True)):
-            kept.add(i)
-    return kept
+    last layer) or not a plain buffer of their own (composite layers) — the layers the inference
+    plan keeps, with the last layer as the one read after."""
+    return outputs_plan.kept_layers(layers, len(layers) - 1)
 
 
 def apply(layers: Sequence, dtype) -> tuple[np.ndarray, dict[int, list[int]]]:

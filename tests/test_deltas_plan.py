@@ -103,7 +103,8 @@ def test_shared_networks_train_the_same_with_shared_deltas(name):
     _check_same_step(net, name)
 
 
-CHAIN_WITH_SHORTCUT = """
+#: An 8x8x3 input and a 3x3 leaky layer, where both small networks below start.
+HEAD = """
 [net]
 width=8
 height=8
@@ -113,7 +114,9 @@ filters=4
 size=3
 pad=1
 activation=leaky
-[convolutional]
+"""
+
+CHAIN_WITH_SHORTCUT = HEAD + """[convolutional]
 filters=4
 size=3
 pad=1
@@ -136,17 +139,7 @@ activation=linear
 """
 
 
-ATTENTION = """
-[net]
-width=8
-height=8
-channels=3
-[convolutional]
-filters=4
-size=3
-pad=1
-activation=leaky
-[convolutional]
+ATTENTION = HEAD + """[convolutional]
 filters=4
 size=1
 activation=logistic
