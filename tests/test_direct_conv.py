@@ -99,6 +99,36 @@ def test_parallel_branch_equals_reference(stride):
     assert np.abs(dw - g).max() <= 1e-5 * np.abs(g).max()
 
 
+@pytest.mark.parametrize("shape", [(1, 32, 16, 16, 64, 1), (1, 16, 32, 32, 32, 1), (1, 3, 128, 128, 16, 2),
+                                   (2, 16, 32, 32, 8, 1), (1, 16, 8, 8, 32, 1)])
+def test_forward_rows_change_no_value(shape):
+    """A small batch's forward splits into at least FORWARD_UNITS blocks where its rows allow it,
+    and, also with the fused maxpool, gives the same bits as with the weight gradient's blocks
+    (which stay as they are): forward values do not depend on the blocks. The first shape has
+    fewer than PARALLEL_MIN outputs but enough taps to run in parallel."""
+    B, C, H, W, N, s = shape
+    rng = np.random.default_rng(C)
+    x = rng.standard_normal((B, C, H, W)).astype(np.float32)
+    w = rng.standard_normal((N, C, 3, 3)).astype(np.float32)
+    oh, ow = (H - 1) // s + 1, (W - 1) // s + 1
+    rows = dk.forward_rows(B, oh, ow, 3, s)
+    units = B * -(-oh // rows)
+    assert units >= dk.FORWARD_UNITS or rows in (oh, dk.MIN_FORWARD_ROWS)
+    assert rows <= dk.block_rows(oh, ow, 3, s)
+    k, off = rng.random(N) + 0.5, rng.standard_normal(N)
+    for pool in (None, np.full((B, N, oh // 2, ow // 2), np.nan, np.float32)):
+        ys = [np.full((B, N, oh, ow), np.nan, np.float32) for _ in range(2)]
+        for y, r in zip(ys, (rows, dk.block_rows(oh, ow, 3, s))):
+            dk.conv_forward(y, x, w, s, s, 1, r, k, off, 1, pool=pool)
+            if pool is not None:
+                y[:, :, :oh // 2, :ow // 2] = pool
+        np.testing.assert_array_equal(ys[0], ys[1])
+    ref = correlation(x.astype(np.float64), w.astype(np.float64), s, s, 1)
+    y = np.empty(ref.shape, np.float32)
+    dk.conv_forward(y, x, w, s, s, 1, rows)
+    assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
 CFG = """[net]
 batch={batch}
 height={h}

@@ -33,6 +33,11 @@ from . import PARALLEL_MIN, simd
 from .bn import affine_act_row
 from .pool2x2 import no_pool, pool_rows
 
+#: A forward with fewer than PARALLEL_MIN outputs still runs in parallel when each output sums at
+#: least this many taps on average over PARALLEL_MIN outputs' worth (1M multiply-adds, ~15 µs on
+#: one core): shapes-tiny's 32 -> 64 on 16x16 at b1 (16384 outputs of 288 taps) took 207 µs on
+#: one thread and 144 on two; digits' 16 -> 32 on 8x8 (0.3M) stays serial.
+PARALLEL_MIN_TAPS = 32
 #: Groups of row blocks whose weight-gradient partial sums are added in order at the end.
 WGRAD_GROUPS = 16
 #: Output positions per row block (rows of Lw values): its planes and sums stay in the L1/L2 caches.
@@ -105,6 +110,26 @@ def block_rows(oh: int, ow: int, k: int, sx: int) -> int:
     return max(1, min(oh, BLOCK_POSITIONS // (ow + (k - 1) // sx)))
 
 
+#: The forward's blocks are made smaller (down to MIN_FORWARD_ROWS rows) until the batch has at
+#: least FORWARD_UNITS of them, so that a small batch's work divides among threads: at b1 a 32x32
+#: map was 30 rows + 2 rows, a 16x16 one a single block. Measured on the 2-core Zen 3 at b1, 2
+#: threads, each layer's forward alone (median of 50 alternating calls): shapes-tiny's 16 -> 32 on
+#: 32x32 with its fused maxpool 151 -> 116 µs at 8 rows; its 32 -> 64 on 16x16 207 µs (serial) ->
+#: 144 µs at 8 rows in parallel, 158 at 4. A forward's values do not depend on its blocks (each
+#: output sums its taps in one order), so this changes no result; the weight gradient's blocks,
+#: whose partial sums it adds, keep `block_rows`.
+FORWARD_UNITS = 4
+MIN_FORWARD_ROWS = 8
+
+
+def forward_rows(batch: int, oh: int, ow: int, k: int, sx: int) -> int:
+    """Output rows per block of `conv_forward` for a batch of `batch` items."""
+    rows = block_rows(oh, ow, k, sx)
+    if batch * -(-oh // rows) >= FORWARD_UNITS:
+        return rows
+    return min(rows, max(MIN_FORWARD_ROWS, -(-oh // -(-FORWARD_UNITS // batch))))
+
+
 @_jit
 def _fill(pf, x, b, oy0, rows, sy, sx, pad, k, lw):
     """pf (C·sy·sx planes of R·lw values, R = rows + (k−1)//sy + 1): the phase planes of the
@@ -148,7 +173,7 @@ def _run(pf, c, ky, kx, sy, sx, R, lw, M):
 #: Filters per pass of the forward's block loop: each tap's run is read once for this many
 #: accumulators. 4 measured 1.4-2.2x faster than 2 (single core, AVX-512: yolov3-tiny's first layer
 #: 2.9 -> 1.7 ms, shapes-tiny's at b8 0.63 -> 0.43 ms); 8 was no faster than 4. (`_forward_block3`
-#: writes its four filters out: it holds 4 x 2 vectors, what AVX2's 16 registers leave room for.)
+#: writes its four filters out: it holds 4 x 3 vectors, what AVX2's 16 registers leave room for.)
 FILTERS_PER_PASS = 4
 
 
@@ -165,8 +190,12 @@ def _next_three(f0, N):
     return min(f0 + 1, N - 1), min(f0 + 2, N - 1), min(f0 + 3, N - 1)
 
 
-#: Output positions per microkernel step of `_forward_block3`: two vectors.
-STEP = 2 * simd.LANES
+#: Output positions per microkernel step of `_forward_block3`: three vectors. Against two (8
+#: accumulators, the FMAs' latency barely covered), each layer's forward alone, alternating in one
+#: process (2 threads, 2-core Zen 3; same bits): 0.80-0.88x the time on shapes-tiny's three 3x3
+#: layers at b1 and b16, yolov4-tiny's first layer and its 32 -> 32 on 104x104 at b1; cifar's first
+#: layer (3 -> 128 on 28x28) at b16 0.29-0.80x; digits' first layer (one channel) at b64 level.
+STEP = 3 * simd.LANES
 
 
 @_jit
@@ -175,10 +204,24 @@ def _steps(m):
     return (m + STEP - 1) // STEP * STEP
 
 
+@_jit
+def _fma3(s0, s1, s2, u, v0, v1, v2):
+    """(s0 + u·v0, s1 + u·v1, s2 + u·v2): one weight against three vectors of positions."""
+    return simd.fma(s0, u, v0), simd.fma(s1, u, v1), simd.fma(s2, u, v2)
+
+
+@_jit
+def _store3(a, j, s0, s1, s2):
+    """a[j:j+STEP] := three accumulators, in order."""
+    simd.store(a, j, s0)
+    simd.store(a, j + simd.LANES, s1)
+    simd.store(a, j + 2 * simd.LANES, s2)
+
+
 @_serial
 def _forward_block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw):
     """`_forward_block` for 3x3 kernels, register-blocked (kernels/simd.py): for four filters and
-    STEP positions the eight accumulators stay in vector registers over all C·9 taps, each tap one
+    STEP positions the twelve accumulators stay in vector registers over all C·9 taps, each tap one
     load per vector and one broadcast per filter (the pass-per-kernel-row loop it replaced loaded
     and stored every accumulator once per three taps: single core, Zen 3, 1.2-1.4x slower). Whole
     steps only: up to STEP − 1 positions past the block, read from the planes' slack
@@ -191,8 +234,9 @@ def _forward_block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw):
     for f0 in range(0, N, FILTERS_PER_PASS):
         f1, f2, f3 = _next_three(f0, N)
         for j in range(0, M, STEP):
-            s00, s01, s10, s11 = simd.zero(acc), simd.zero(acc), simd.zero(acc), simd.zero(acc)
-            s20, s21, s30, s31 = simd.zero(acc), simd.zero(acc), simd.zero(acc), simd.zero(acc)
+            z = simd.zero(acc)
+            s00, s01, s02, s10, s11, s12 = z, z, z, z, z, z
+            s20, s21, s22, s30, s31, s32 = z, z, z, z, z, z
             for c in range(C):
                 for ky in range(3):
                     row = (c * sy + ky % sy) * sx * plane + (ky // sy) * lw + j
@@ -200,22 +244,15 @@ def _forward_block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw):
                         a = row + (kx % sx) * plane + kx // sx      # tap (c, ky, kx)'s run, at j
                         v0 = simd.load(pf, a)
                         v1 = simd.load(pf, a + simd.LANES)
-                        u = w[f0, c, ky, kx]
-                        s00, s01 = simd.fma(s00, u, v0), simd.fma(s01, u, v1)
-                        u = w[f1, c, ky, kx]
-                        s10, s11 = simd.fma(s10, u, v0), simd.fma(s11, u, v1)
-                        u = w[f2, c, ky, kx]
-                        s20, s21 = simd.fma(s20, u, v0), simd.fma(s21, u, v1)
-                        u = w[f3, c, ky, kx]
-                        s30, s31 = simd.fma(s30, u, v0), simd.fma(s31, u, v1)
-            simd.store(a0, j, s00)
-            simd.store(a0, j + simd.LANES, s01)
-            simd.store(a1, j, s10)
-            simd.store(a1, j + simd.LANES, s11)
-            simd.store(a2, j, s20)
-            simd.store(a2, j + simd.LANES, s21)
-            simd.store(a3, j, s30)
-            simd.store(a3, j + simd.LANES, s31)
+                        v2 = simd.load(pf, a + 2 * simd.LANES)
+                        s00, s01, s02 = _fma3(s00, s01, s02, w[f0, c, ky, kx], v0, v1, v2)
+                        s10, s11, s12 = _fma3(s10, s11, s12, w[f1, c, ky, kx], v0, v1, v2)
+                        s20, s21, s22 = _fma3(s20, s21, s22, w[f2, c, ky, kx], v0, v1, v2)
+                        s30, s31, s32 = _fma3(s30, s31, s32, w[f3, c, ky, kx], v0, v1, v2)
+            _store3(a0, j, s00, s01, s02)
+            _store3(a1, j, s10, s11, s12)
+            _store3(a2, j, s20, s21, s22)
+            _store3(a3, j, s30, s31, s32)
         _copy_out(y, a0, a1, a2, a3, b, f0, f1, f2, f3, oy0, rows, lw)
 
 
@@ -343,15 +380,16 @@ _NO_AFFINE = np.empty(0)
 
 def conv_forward(y, x, w, sy, sx, pad, rows, k=_NO_AFFINE, off=_NO_AFFINE, act=0, pool=None):
     """y: (B, N, OH, OW) := the correlation of x (B, C, H, W) with w (N, C, k, k), stride (sy, sx),
-    zero padding `pad` on every side, `rows` output rows per block (`block_rows`). Serial below
-    PARALLEL_MIN output values. k, off: (N,) float64 (and the activation code `act`), or empty:
+    zero padding `pad` on every side, `rows` output rows per block (`forward_rows`). Serial below
+    PARALLEL_MIN output values and PARALLEL_MIN · PARALLEL_MIN_TAPS multiply-adds. k, off: (N,) float64 (and the activation code `act`), or empty:
     then each block's rows of every filter f become act(y·k[f] + off[f]) as soon as they are
     written (the inference epilogue, as `winograd.outputs`'s). `pool` (B, N, OH/2, OW/2), with k
     given and even OH, OW: each finished block's 2x2 stride-2 maxima go there and y is not
     written (kernels/pool2x2.py; `rows` is then made even)."""
     if pool is not None:
         rows = max(2, rows - rows % 2)
-    run = _conv_forward_serial if y.size < PARALLEL_MIN else _conv_forward_parallel
+    serial = y.size < PARALLEL_MIN and y.size * w[0].size < PARALLEL_MIN * PARALLEL_MIN_TAPS
+    run = _conv_forward_serial if serial else _conv_forward_parallel
     run(y, x, w, sy, sx, pad, rows, k, off, act, no_pool(y.dtype) if pool is None else pool)
 
 

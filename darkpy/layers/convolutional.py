@@ -427,7 +427,8 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
         elif self.direct:
             dk.conv_forward(y.reshape(self.batch, self.n, oh, ow), x, self.weights.value,
                             self.stride_y, self.stride_x, self.padding,
-                            dk.block_rows(oh, ow, self.size, self.stride_x), *self._epilogue(s.train),
+                            dk.forward_rows(self.batch, oh, ow, self.size, self.stride_x),
+                            *self._epilogue(s.train),
                             pool=pool)
         if self.direct_fv:
             self._forward_fv(x, y.reshape(self.batch, self.n, oh, ow), self._epilogue(s.train))
