@@ -205,7 +205,7 @@ def test_fused_epilogue_same_bits_as_the_separate_pass(monkeypatch, bn):
 
 
 def test_which_layers_take_it(monkeypatch):
-    """At most MAX_TAPS taps per filter and PV to MAX_POSITIONS output positions per item; no
+    """At most MAX_TAPS taps per filter and MIN_POSITIONS to MAX_POSITIONS output positions per item; no
     groups or dilation; in training also stride 1, padding at most k − 1 and at most MAX_TAPS taps
     per filter of the input gradient; never with DIRECT_FV off."""
     def takes(**kw):

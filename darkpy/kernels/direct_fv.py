@@ -7,18 +7,18 @@ across filters instead, as ONNX Runtime's NCHWc convolutions do, while the tenso
 
 - the weights are laid out as `wt[c·k·k + ky·k + kx, f]` (`filters_last`), filters zero-padded to
   whole microkernel widths, so the FV = 16 filters of one tap are two vector loads;
-- a microkernel (`_tile`) keeps PV = 4 positions x 16 filters in eight vector accumulators over all
-  c·k·k taps (what AVX2's 16 registers hold with the two weight vectors and a broadcast; six
-  positions spilled); each tap costs two vector loads, four scalar loads broadcast to the lanes
-  (`simd.get`: no bounds or sign tests) and eight FMAs. The positions are any four of the map,
-  found through a table of their offsets, so nothing is computed outside the map and any stride
-  works;
+- a microkernel (`_tile6`) keeps 6 positions x 16 filters in twelve vector accumulators over the
+  c·k·k taps (with the two weight vectors and a broadcast, 15 of AVX2's 16 registers); each tap
+  costs two vector loads, six scalar loads broadcast to the lanes (`simd.get`: no bounds or sign
+  tests) and twelve FMAs (`_tile4`: 4 positions, for short filters and small maps). The positions
+  are any of the map, found through a table of their offsets, so nothing is computed outside the
+  map and any stride works;
 - the input is read in place when the layer has no padding, else from zero-padded copies of the
   items' planes made once per call;
 - each unit (item, 16 filters, a run of positions) scatters its tiles into the NCHW output and
   applies bias / batch norm and the activation to what it wrote (the inference epilogue);
 - training: the weight gradient (`weight_grad`) runs the same way with the delta transposed to
-  filters last as the vectors and the input broadcast, 16 filters x 4 taps per microkernel summed
+  filters last as the vectors and the input broadcast, 16 filters x 6 taps per microkernel summed
   over the whole batch (one unit per block: the same bits at any thread count); the input gradient
   of a stride-1 layer is this forward again (`input_grad_add`): the delta correlated with the
   filters turned 180 degrees and transposed, padding k − 1 − pad, added into the previous delta.
@@ -36,10 +36,17 @@ from .bn import affine_act_row
 
 #: Filters per microkernel: two vectors.
 FV = 2 * simd.LANES
-#: Output positions per microkernel: 12 accumulators and 2 weight vectors fill AVX2's 16 registers.
-PV = 4
-#: Output positions per unit of parallel work (whole microkernels).
-UNIT_POSITIONS = 64 * PV
+#: Output positions per unit of parallel work (whole microkernels of 4 or 6 positions).
+UNIT_POSITIONS = 384
+#: Layers with at least WIDE_MIN_TAPS taps per filter and WIDE_MIN_POSITIONS output positions per
+#: item take the 6-position microkernel (`_tile6`: 12 accumulators, the FMAs' latency covered with
+#: room), the others the 4-position one (8 accumulators, as many as the FMAs' latency needs, and no
+#: wasted positions on a 4x4 map). Measured each layer's forward alone, alternating in one process
+#: (2-core Zen 3): 6 against 4 positions, shapes-tiny's 64 -> 128 on 8x8 0.83-0.92x the time at
+#: b1, b16 and b64, its 32 -> 64 on 16x16 0.82-0.95x; but digits' 16 -> 32 on 8x8 (144 taps)
+#: 1.02-1.09x at b64 and its 32 -> 64 on 4x4 (18 positions computed for 16) 0.93-1.14x.
+WIDE_MIN_TAPS = 192
+WIDE_MIN_POSITIONS = 64
 
 #: Most taps per filter (c·k·k): a microkernel's 16 filters of weights, 64 bytes a tap, stay in
 #: the L1 cache up to here (18 KB). Most output positions per item: past 8x8 maps the other paths
@@ -52,6 +59,8 @@ UNIT_POSITIONS = 64 * PV
 #: 32 -> 64 on 16x16 level, 16 -> 32 on 32x32 1.55; cifar's 1x1 512 -> 10 on 7x7 1.21 at b64.
 MAX_TAPS = 288
 MAX_POSITIONS = 64
+#: Fewest output positions per item (a 2x2 map; one position is a connected layer's GEMM).
+MIN_POSITIONS = 4
 
 
 #: Training too (forward, weight gradient, input gradient), for stride-1 layers whose input
@@ -66,12 +75,11 @@ TRAINING = True
 def supports(c: int, n: int, k: int, groups: int, dilation: int, positions: int,
              inference_only: bool, stride: int = 1, pad: int = 0) -> bool:
     """Layers this path takes: ungrouped and undilated, with at most MAX_TAPS taps per filter (c
-    input channels, k x k) and PV to MAX_POSITIONS output positions per item (a map of one
-    position is a connected layer's GEMM); in a network that will only infer, or, with TRAINING,
-    at stride 1 with padding at most k − 1 and at most MAX_TAPS taps (n·k·k) per filter of the
-    input gradient."""
+    input channels, k x k) and MIN_POSITIONS to MAX_POSITIONS output positions per item; in a
+    network that will only infer, or, with TRAINING, at stride 1 with padding at most k − 1 and at
+    most MAX_TAPS taps (n·k·k) per filter of the input gradient."""
     if not (groups == 1 and dilation == 1 and c * k * k <= MAX_TAPS
-            and PV <= positions <= MAX_POSITIONS):
+            and MIN_POSITIONS <= positions <= MAX_POSITIONS):
         return False
     return inference_only or (TRAINING and stride == 1 and pad <= k - 1 and n * k * k <= MAX_TAPS)
 
@@ -110,23 +118,47 @@ def _fma2(a0, a1, u, w0, w1):
 
 
 @_jit
+def _store2(out, v, a0, a1):
+    """out[v·LANES:(v+2)·LANES] := two accumulators, in order."""
+    simd.store(out, v * simd.LANES, a0)
+    simd.store(out, (v + 1) * simd.LANES, a1)
+
+
+@_jit
 def _store8(out, a00, a01, a10, a11, a20, a21, a30, a31):
-    """out[:8·LANES] := the eight accumulators of a microkernel, in order."""
-    L = simd.LANES
-    simd.store(out, 0, a00)
-    simd.store(out, L, a01)
-    simd.store(out, 2 * L, a10)
-    simd.store(out, 3 * L, a11)
-    simd.store(out, 4 * L, a20)
-    simd.store(out, 5 * L, a21)
-    simd.store(out, 6 * L, a30)
-    simd.store(out, 7 * L, a31)
+    """out[:8·LANES] := eight accumulators, in order."""
+    _store2(out, 0, a00, a01)
+    _store2(out, 2, a10, a11)
+    _store2(out, 4, a20, a21)
+    _store2(out, 6, a30, a31)
 
 
 @_serial
-def _tile(out, src, s0, wt, npad, toff, pos, p0, f0):
-    """out (PV·FV,) := positions pos[p0:p0+PV] x filters f0..f0+FV−1 of the correlation, reading
+def _tile6(out, src, s0, wt, npad, toff, pos, p0, f0):
+    """out[:6·FV] := positions pos[p0:p0+6] x filters f0..f0+FV−1 of the correlation, reading
     the item's (padded) planes at src[s0:]: tap t of position i is src[s0 + pos[p0+i] + toff[t]]."""
+    b0, b1, b2, b3 = s0 + pos[p0], s0 + pos[p0 + 1], s0 + pos[p0 + 2], s0 + pos[p0 + 3]
+    b4, b5 = s0 + pos[p0 + 4], s0 + pos[p0 + 5]
+    z = simd.zero(wt)
+    a00, a01, a10, a11, a20, a21, a30, a31, a40, a41, a50, a51 = z, z, z, z, z, z, z, z, z, z, z, z
+    for t in range(toff.shape[0]):
+        o = toff[t]
+        w0 = simd.load(wt, t * npad + f0)
+        w1 = simd.load(wt, t * npad + f0 + simd.LANES)
+        a00, a01 = _fma2(a00, a01, simd.get(src, b0 + o), w0, w1)
+        a10, a11 = _fma2(a10, a11, simd.get(src, b1 + o), w0, w1)
+        a20, a21 = _fma2(a20, a21, simd.get(src, b2 + o), w0, w1)
+        a30, a31 = _fma2(a30, a31, simd.get(src, b3 + o), w0, w1)
+        a40, a41 = _fma2(a40, a41, simd.get(src, b4 + o), w0, w1)
+        a50, a51 = _fma2(a50, a51, simd.get(src, b5 + o), w0, w1)
+    _store8(out, a00, a01, a10, a11, a20, a21, a30, a31)
+    _store2(out, 8, a40, a41)
+    _store2(out, 10, a50, a51)
+
+
+@_serial
+def _tile4(out, src, s0, wt, npad, toff, pos, p0, f0):
+    """`_tile6` for positions pos[p0:p0+4]: out[:4·FV]."""
     b0, b1, b2, b3 = s0 + pos[p0], s0 + pos[p0 + 1], s0 + pos[p0 + 2], s0 + pos[p0 + 3]
     z = simd.zero(wt)
     a00, a01, a10, a11, a20, a21, a30, a31 = z, z, z, z, z, z, z, z
@@ -157,7 +189,7 @@ def _tables(x, k, sy, sx, pad, oh, ow):
             for kx in range(k):
                 toff[(c * k + ky) * k + kx] = c * hp * wp + ky * wp + kx
     S = oh * ow
-    pos = np.empty(-(-S // PV) * PV, np.int64)
+    pos = np.empty(-(-S // 12) * 12, np.int64)
     for p in range(pos.shape[0]):
         q = min(p, S - 1)
         pos[p] = (q // ow) * sy * wp + (q % ow) * sx
@@ -200,10 +232,15 @@ def _unit(y, src, item, wt, npad, toff, pos, t, groups, runs, k, off, act, add):
     p_lo = (t % runs) * UNIT_POSITIONS
     p_hi = min(p_lo + UNIT_POSITIONS, S)
     nf = min(FV, N - f0)
-    out = np.empty(PV * FV, y.dtype)
-    for p0 in range(p_lo, p_hi, PV):
-        _tile(out, src, b * item, wt, npad, toff, pos, p0, f0)
-        for i in range(min(PV, p_hi - p0)):
+    wide = toff.shape[0] >= WIDE_MIN_TAPS and S >= WIDE_MIN_POSITIONS
+    pv = 6 if wide else 4
+    out = np.empty(6 * FV, y.dtype)
+    for p0 in range(p_lo, p_hi, pv):
+        if wide:
+            _tile6(out, src, b * item, wt, npad, toff, pos, p0, f0)
+        else:
+            _tile4(out, src, b * item, wt, npad, toff, pos, p0, f0)
+        for i in range(min(pv, p_hi - p0)):
             if add:
                 for f in range(nf):
                     y[b, f0 + f, p0 + i] += out[i * FV + f]
@@ -277,8 +314,11 @@ def input_grad_add(dx, d, wt, k, pad):
     conv_forward(dx, d, wt, k, 1, 1, k - 1 - pad, add=True)
 
 
-#: Taps per weight-gradient microkernel (`_wtile`): 4 taps x 16 filters in eight vectors.
-TV = 4
+#: Taps per weight-gradient microkernel (`_wtile`): 6 taps x 16 filters in twelve vectors. Against 4
+#: taps (8 vectors), each layer's weight gradient alone at b32 (2 threads, Zen 3): 0.87-0.94x the time
+#: on shapes-tiny's 1x1 layers on 8x8, digits' 16 -> 32 on 8x8 and 64 -> 10 on 4x4; 0.88x on a
+#: 32 -> 16 3x3 on 8x8 at b128. The same sums in the same order: the same bits.
+TV = 6
 
 
 @_serial
@@ -286,8 +326,9 @@ def _wtile(out, src, item, dt, npad, S, B, toff, t0, pos, f0):
     """out (TV·FV,) := for taps t0..t0+TV−1 and filters f0..f0+FV−1 the sum over the batch's
     items b and output positions p of dt[(b·S + p)·npad + f] · src[b·item + pos[p] + toff[t]]."""
     o0, o1, o2, o3 = toff[t0], toff[t0 + 1], toff[t0 + 2], toff[t0 + 3]
+    o4, o5 = toff[t0 + 4], toff[t0 + 5]
     z = simd.zero(dt)
-    a00, a01, a10, a11, a20, a21, a30, a31 = z, z, z, z, z, z, z, z
+    a00, a01, a10, a11, a20, a21, a30, a31, a40, a41, a50, a51 = z, z, z, z, z, z, z, z, z, z, z, z
     for b in range(B):
         for p in range(S):
             q = b * item + pos[p]
@@ -298,7 +339,11 @@ def _wtile(out, src, item, dt, npad, S, B, toff, t0, pos, f0):
             a10, a11 = _fma2(a10, a11, simd.get(src, q + o1), w0, w1)
             a20, a21 = _fma2(a20, a21, simd.get(src, q + o2), w0, w1)
             a30, a31 = _fma2(a30, a31, simd.get(src, q + o3), w0, w1)
+            a40, a41 = _fma2(a40, a41, simd.get(src, q + o4), w0, w1)
+            a50, a51 = _fma2(a50, a51, simd.get(src, q + o5), w0, w1)
     _store8(out, a00, a01, a10, a11, a20, a21, a30, a31)
+    _store2(out, 8, a40, a41)
+    _store2(out, 10, a50, a51)
 
 
 @_serial                # compiled on its own: inlined into the parallel twin it ran 5x slower
