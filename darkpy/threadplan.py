@@ -14,8 +14,15 @@ from the second thread depends on the machine, its load, the batch and the input
   and thread count) runs as usual and is not timed (first touches of fresh buffers);
 - the next 2·SAMPLES passes alternate between all threads and one thread for every layer, timing
   each layer;
-- from then on each layer runs on one thread if its fastest one-thread time was clearly
-  lower (below ONE_THREAD_BELOW of its all-thread time), else on all threads.
+- each layer is then given one thread if its fastest one-thread time was clearly lower (below
+  ONE_THREAD_BELOW of its all-thread time), else all threads;
+- that choice is checked in place: for up to CHECK_ROUNDS rounds of SAMPLES passes run as chosen,
+  a layer left on all threads whose time there is not clearly above its one-thread time moves to
+  one thread. In the alternating passes every layer found the pool awake (its predecessor had just
+  used it); in the chosen plan a layer after one that ran on one thread must wake the pool first,
+  which costs it what the second thread gained on a machine where waking is slow (on the Firecracker
+  VM shapes-tiny's 32 -> 64 layer at b1 took 167 µs on one thread and 186-206 µs on two after a
+  one-thread layer, though 144 µs with the pool awake). A round that moves no layer ends the checks.
 
 Results do not depend on the choice: every kernel gives the same bits at any thread count (its work
 is split in blocks fixed by the shape, never by the thread count; tests/test_threadplan.py trains
@@ -39,6 +46,8 @@ SAMPLES = 3
 #: ~10 % of each other, and choosing them by a plain comparison changed whole passes by ±10 % from
 #: one process to the next; the small networks' layers gain 1.5-3x on one thread).
 ONE_THREAD_BELOW = 0.9
+#: Most rounds of checking the choice in place (each of SAMPLES passes; see the module docstring).
+CHECK_ROUNDS = 2
 
 
 def _switch(n: int) -> None:
@@ -65,33 +74,63 @@ class ThreadPlan:
         self.best = [[float("inf")] * layers for _ in range(2)]
         #: chosen thread count per layer, None while measuring
         self.choice: list[int] | None = None
+        #: passes left checking the choice in place, and each layer's best time there
+        self.checks = SAMPLES * CHECK_ROUNDS
+        self.placed = [float("inf")] * layers
 
     def run(self, order: Sequence[int], step: Callable[[int], bool | None]) -> None:
         """`step(i)` for each layer index of `order` (stopping when it returns True), each on its
         layer's thread count; numba's count is `self.threads` again afterwards, even on an error."""
         if self.choice is not None:
-            self._run_chosen(order, step)
+            self._run_chosen(order, step, self.placed if self.checks else None)
+            if self.checks:
+                self._check()
             return
         try:
             self._run_measured(order, step)
         finally:
             numba.set_num_threads(self.threads)
 
-    def _run_chosen(self, order, step) -> None:
+    def _run_chosen(self, order, step, best=None) -> None:
         """Switches numba's count only where the choice changes along `order` (a plan that keeps
-        every layer on all threads calls nothing), and puts it back only if it switched."""
+        every layer on all threads calls nothing), and puts it back only if it switched; with
+        `best`, each layer's time lowers best[layer] when it is lower."""
         current = self.threads
+        clock = self.clock
         try:
             for i in order:
                 want = self.choice[i]
                 if want != current:
                     _switch(want)
                     current = want
-                if step(i):
+                if best is None:
+                    if step(i):
+                        return
+                    continue
+                t0 = clock()
+                stop = step(i)
+                best[i] = min(best[i], clock() - t0)
+                if stop:
                     return
         finally:
             if current != self.threads:
                 _switch(self.threads)
+
+    def _check(self) -> None:
+        """After a pass checking the choice in place: at the end of a round, the layers on all
+        threads that were not clearly faster there than on one thread move to one; no move (or
+        the last round) ends the checks."""
+        self.checks -= 1
+        if self.checks % SAMPLES:
+            return
+        moved = False
+        for i, (n, placed, one) in enumerate(zip(self.choice, self.placed, self.best[1])):
+            if n > 1 and one < ONE_THREAD_BELOW * placed:
+                self.choice[i] = 1
+                moved = True
+        self.placed = [float("inf")] * len(self.placed)
+        if not moved:
+            self.checks = 0
 
     def _run_measured(self, order, step) -> None:
         timed = self.passes > 0
@@ -141,11 +180,13 @@ class ThreadPlans:
             plan = self._plans[key] = ThreadPlan(layers, threads)
             if self.fixed is not None:
                 plan.choice = [min(n, threads) for n in self.fixed]
+                plan.checks = 0
         return plan
 
     def settled(self) -> bool:
-        """True when no plan is still measuring (one more pass of each kind then runs as chosen)."""
-        return all(plan.choice is not None for plan in self._plans.values())
+        """True when no plan is still measuring or checking (one more pass of each kind then runs
+        as chosen)."""
+        return all(plan.choice is not None and not plan.checks for plan in self._plans.values())
 
     def chosen(self) -> dict[tuple, list[int] | None]:
         """Every plan's per-layer thread counts (None while still measuring), by kind of pass."""

@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT
 
 from darkpy.network import load_network, network_from_text
-from darkpy.threadplan import ONE_THREAD_BELOW, SAMPLES, ThreadPlan
+from darkpy.threadplan import CHECK_ROUNDS, ONE_THREAD_BELOW, SAMPLES, ThreadPlan
 
 pytestmark = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
                                 reason="needs 2 numba threads (NUMBA_NUM_THREADS < 2 on this machine)")
@@ -65,6 +65,44 @@ def test_plan_measures_both_arms_then_keeps_the_faster_per_layer():
     seen.clear()
     plan.run(range(3), lambda i: seen.append(i) or i == 1)
     assert seen == [0, 1]
+
+
+class WakeClock(FakeClock):
+    """A FakeClock where a layer on two threads after one on a single thread first pays `wake`
+    (the pool's workers went to sleep)."""
+
+    def __init__(self, costs, wake: float):
+        super().__init__(costs)
+        self.wake, self.awake = wake, True
+
+    def step(self, i: int) -> None:
+        many = numba.get_num_threads() > 1
+        if many and not self.awake:
+            self.now += self.wake
+        self.awake = many
+        super().step(i)
+
+
+def test_choice_checked_in_place_moves_layers_that_pay_for_waking_the_pool():
+    # layer 0 is faster on one thread; layer 1 gains from two with the pool awake (3.0 vs 3.5),
+    # but after layer 0 it must wake it (3.0 + 1.0); layer 2 then follows a one-thread layer too
+    # and still gains enough (2.0 + 1.0 against 3.4) to stay
+    clock = WakeClock({0: (3.0, 2.0), 1: (3.0, 3.5), 2: (2.0, 3.4)}, wake=1.0)
+    plan = ThreadPlan(3, 2, clock=clock)
+    passes = 0
+    while plan.choice is None:
+        plan.run(range(3), clock.step)
+        passes += 1
+    assert passes == 2 * SAMPLES + 1 and plan.choice == [1, 2, 2] and plan.checks
+    while plan.checks:
+        plan.run(range(3), clock.step)
+        passes += 1
+        assert numba.get_num_threads() == 2
+    # round 1 moves layer 1 (4.0 in place against 3.5 on one thread); round 2 moves nothing
+    assert CHECK_ROUNDS >= 2 and plan.choice == [1, 1, 2] and passes == 4 * SAMPLES + 1
+    before = clock.now
+    plan.run(range(3), clock.step)
+    assert clock.now - before == 2.0 + 3.5 + 3.0
 
 
 def test_plan_puts_threads_back_when_a_layer_raises():
@@ -179,7 +217,7 @@ def _train(make, threads: int, plan: str, steps: int):
 def test_training_gives_the_same_bits_on_any_threads_per_layer(name):
     make = ((lambda: network_from_text(NET)) if name == "families"
             else (lambda: load_network(ROOT / "cfg" / "shapes-tiny.cfg", batch=4)))
-    steps = 2 * SAMPLES + 3
+    steps = 2 * SAMPLES + SAMPLES * CHECK_ROUNDS + 3
     one = _train(make, 1, "off", steps)
     for plan in ("off", "mixed", "measured"):
         got = _train(make, 2, plan, steps)
@@ -189,7 +227,7 @@ def test_training_gives_the_same_bits_on_any_threads_per_layer(name):
 def test_network_plans_by_pass_kind_and_restores_threads():
     net = network_from_text(NET)
     x = np.random.default_rng(1).random((net.batch, *net.input_shape), dtype=np.float32)
-    for _ in range(2 * SAMPLES + 1):
+    for _ in range(2 * SAMPLES + 1 + SAMPLES * CHECK_ROUNDS):
         net.forward(x)
         assert numba.get_num_threads() == 2
     chosen = net.thread_plans.chosen()
