@@ -219,6 +219,25 @@ def test_training_delta_matches_reference_and_gradient(case):
     assert_close(layer.delta.reshape(act.shape), -num, 1e-5, 1e-7, "delta vs -dL/dz")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_training_delta_same_bits_serial_and_parallel(monkeypatch, dtype):
+    """The items' deltas and sums, made on one thread or across threads (`PARALLEL_MIN_CHECKS`),
+    are the same bits: each item's sums are its own, added in item order."""
+    from darkpy.layers import yolo_delta
+    rng = np.random.default_rng(5)
+    z, truth = make_case([0, 1, 2])
+    zs = np.concatenate([z, z[::-1] * 0.7 + 0.1, rng.standard_normal(z.shape)])
+    truths = np.concatenate([truth, truth[::-1], truth])
+    got = []
+    for limit in (1 << 62, 0):
+        monkeypatch.setattr(yolo_delta, "PARALLEL_MIN_CHECKS", limit)
+        layer, _ = _run_head(yolo_cfg("0,1,2", "iou_thresh=.25"), zs, truths, dtype)
+        got.append((layer.delta.copy(), layer.cost, dict(layer.stats)))
+    np.testing.assert_array_equal(got[0][0], got[1][0])
+    assert got[0][1] == got[1][1] and got[0][2] == got[1][2]
+    assert got[0][2]["count"] > 0 and np.abs(got[0][0]).sum() > 0
+
+
 def test_new_coords_forward_decode_and_delta():
     """new_coords=1 (scaled-YOLOv4): no activation in the layer, sizes (2·out)²·anchor, sqrt targets."""
     mask = [0, 1, 2]
