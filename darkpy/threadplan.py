@@ -125,7 +125,8 @@ class ThreadPlan:
             return
         moved = False
         for i, (n, placed, one) in enumerate(zip(self.choice, self.placed, self.best[1])):
-            if n > 1 and one < ONE_THREAD_BELOW * placed:
+            # (a layer no checking pass reached, after a step that stopped early, stays)
+            if n > 1 and placed < float("inf") and one < ONE_THREAD_BELOW * placed:
                 self.choice[i] = 1
                 moved = True
         self.placed = [float("inf")] * len(self.placed)

@@ -105,6 +105,17 @@ def test_choice_checked_in_place_moves_layers_that_pay_for_waking_the_pool():
     assert clock.now - before == 2.0 + 3.5 + 3.0
 
 
+def test_check_leaves_layers_a_stopped_pass_never_reached():
+    clock = FakeClock({0: (3.0, 5.0), 1: (3.0, 5.0), 2: (3.0, 5.0)})
+    plan = ThreadPlan(3, 2, clock=clock)
+    while plan.choice is None:
+        plan.run(range(3), clock.step)
+    assert plan.choice == [2, 2, 2]
+    while plan.checks:                     # every checking pass stops after layer 1
+        plan.run(range(3), lambda i: clock.step(i) or i == 1)
+    assert plan.choice == [2, 2, 2]
+
+
 def test_plan_puts_threads_back_when_a_layer_raises():
     plan = ThreadPlan(2, 2)
     plan.choice = [1, 1]

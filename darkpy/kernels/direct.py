@@ -33,10 +33,10 @@ from . import PARALLEL_MIN, simd
 from .bn import affine_act_row
 from .pool2x2 import no_pool, pool_rows
 
-#: A forward with fewer than PARALLEL_MIN outputs still runs in parallel when each output sums at
-#: least this many taps on average over PARALLEL_MIN outputs' worth (1M multiply-adds, ~15 µs on
-#: one core): shapes-tiny's 32 -> 64 on 16x16 at b1 (16384 outputs of 288 taps) took 207 µs on
-#: one thread and 144 on two; digits' 16 -> 32 on 8x8 (0.3M) stays serial.
+#: A forward with fewer than PARALLEL_MIN outputs still runs in parallel when it does at least
+#: PARALLEL_MIN · PARALLEL_MIN_TAPS multiply-adds (1M, ~15 µs on one core): shapes-tiny's 32 -> 64
+#: on 16x16 at b1 (16384 outputs of 288 taps) took 207 µs on one thread and 144 on two; digits'
+#: 16 -> 32 on 8x8 (0.3M) stays serial.
 PARALLEL_MIN_TAPS = 32
 #: Groups of row blocks whose weight-gradient partial sums are added in order at the end.
 WGRAD_GROUPS = 16
@@ -381,11 +381,12 @@ _NO_AFFINE = np.empty(0)
 def conv_forward(y, x, w, sy, sx, pad, rows, k=_NO_AFFINE, off=_NO_AFFINE, act=0, pool=None):
     """y: (B, N, OH, OW) := the correlation of x (B, C, H, W) with w (N, C, k, k), stride (sy, sx),
     zero padding `pad` on every side, `rows` output rows per block (`forward_rows`). Serial below
-    PARALLEL_MIN output values and PARALLEL_MIN · PARALLEL_MIN_TAPS multiply-adds. k, off: (N,) float64 (and the activation code `act`), or empty:
-    then each block's rows of every filter f become act(y·k[f] + off[f]) as soon as they are
-    written (the inference epilogue, as `winograd.outputs`'s). `pool` (B, N, OH/2, OW/2), with k
-    given and even OH, OW: each finished block's 2x2 stride-2 maxima go there and y is not
-    written (kernels/pool2x2.py; `rows` is then made even)."""
+    PARALLEL_MIN output values and PARALLEL_MIN · PARALLEL_MIN_TAPS multiply-adds. k, off: (N,)
+    float64 (and the activation code `act`), or empty: then each block's rows of every filter f
+    become act(y·k[f] + off[f]) as soon as they are written (the inference epilogue, as
+    `winograd.outputs`'s). `pool` (B, N, OH/2, OW/2), with k given and even OH, OW: each finished
+    block's 2x2 stride-2 maxima go there and y is not written (kernels/pool2x2.py; `rows` is then
+    made even)."""
     if pool is not None:
         rows = max(2, rows - rows % 2)
     serial = y.size < PARALLEL_MIN and y.size * w[0].size < PARALLEL_MIN * PARALLEL_MIN_TAPS

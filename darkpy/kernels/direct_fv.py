@@ -189,7 +189,7 @@ def _tables(x, k, sy, sx, pad, oh, ow):
             for kx in range(k):
                 toff[(c * k + ky) * k + kx] = c * hp * wp + ky * wp + kx
     S = oh * ow
-    pos = np.empty(-(-S // 12) * 12, np.int64)
+    pos = np.empty(-(-S // 12) * 12, np.int64)     # whole microkernels of 4 and of 6 positions
     for p in range(pos.shape[0]):
         q = min(p, S - 1)
         pos[p] = (q // ow) * sy * wp + (q % ow) * sx
