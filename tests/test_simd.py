@@ -2,9 +2,15 @@
 numpy; what it refuses at compile time."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numba
 import numpy as np
 import pytest
+from numba.core.codegen import get_host_cpu_features
 
 from darkpy.kernels import simd
 
@@ -58,3 +64,37 @@ def test_refuses_what_it_cannot_load():
         load_2d(np.zeros((2, L), np.float32))
     with pytest.raises(numba.core.errors.TypingError):
         load_2d(np.zeros(L, np.int32))
+
+
+def test_lanes_follow_the_cpu_features():
+    assert simd._lanes("+64bit,+avx,+avx2,+fma,-avx512f,-avx512bw") == 8
+    assert simd._lanes("+avx2,+avx512f,+avx512bw") == 16
+    assert simd._lanes("+avx512fp16,-avx512f") == 8             # the exact feature, not a prefix
+    features = (numba.config.CPU_FEATURES if numba.config.CPU_FEATURES is not None
+                else get_host_cpu_features())
+    assert L == simd._lanes(features)
+
+
+@pytest.mark.slow
+def test_kernels_at_the_avx2_width_on_an_avx512_machine(tmp_path):
+    """The other tests check the vector kernels at this machine's width; on AVX-512 the 8-lane
+    code is checked here too, with numba told the CPU lacks AVX-512 (a fresh kernel cache)."""
+    features = get_host_cpu_features()
+    if "+avx512f" not in features.split(","):
+        pytest.skip("no AVX-512 here: 16-lane kernels cannot run, the other tests check 8 lanes")
+    narrowed = ",".join("-" + f[1:] if f[:1] == "+" and ("avx512" in f or "avx10" in f) else f
+                        for f in features.split(","))
+    env = dict(os.environ, NUMBA_CPU_FEATURES=narrowed, NUMBA_CACHE_DIR=str(tmp_path))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    here = Path(__file__).parent
+    lanes = subprocess.run([sys.executable, "-c", "from darkpy.kernels import simd; print(simd.LANES)"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert lanes.stdout.strip() == "8", lanes.stderr
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+         str(here / "test_direct_conv.py") + "::test_kernels_match_float64_correlation",
+         str(here / "test_direct_fv.py") + "::test_kernel_matches_float64_correlation",
+         str(here / "test_direct_fv.py") + "::test_gradients_match_float64_references"],
+        env=env, cwd=here.parent, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert " passed" in run.stdout and "failed" not in run.stdout

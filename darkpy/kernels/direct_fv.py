@@ -6,8 +6,9 @@ compute the padding columns of every row (on a 4x4 map a third of the work). Her
 across filters instead, as ONNX Runtime's NCHWc convolutions do, while the tensors stay NCHW:
 
 - the weights are laid out as `wt[c·k·k + ky·k + kx, f]` (`filters_last`), filters zero-padded to
-  whole microkernel widths, so the FV = 16 filters of one tap are two vector loads;
-- a microkernel (`_tile6`) keeps 6 positions x 16 filters in twelve vector accumulators over the
+  whole microkernel widths, so the FV filters of one tap (two vectors: 16 filters with AVX2, 32
+  with AVX-512, `simd.LANES`) are two vector loads;
+- a microkernel (`_tile6`) keeps 6 positions x FV filters in twelve vector accumulators over the
   c·k·k taps (with the two weight vectors and a broadcast, 15 of AVX2's 16 registers); each tap
   costs two vector loads, six scalar loads broadcast to the lanes (`simd.get`: no bounds or sign
   tests) and twelve FMAs (`_tile4`: 4 positions, for short filters and small maps). The positions
@@ -15,10 +16,10 @@ across filters instead, as ONNX Runtime's NCHWc convolutions do, while the tenso
   map and any stride works;
 - the input is read in place when the layer has no padding, else from zero-padded copies of the
   items' planes made once per call;
-- each unit (item, 16 filters, a run of positions) scatters its tiles into the NCHW output and
+- each unit (item, FV filters, a run of positions) scatters its tiles into the NCHW output and
   applies bias / batch norm and the activation to what it wrote (the inference epilogue);
 - training: the weight gradient (`weight_grad`) runs the same way with the delta transposed to
-  filters last as the vectors and the input broadcast, 16 filters x 6 taps per microkernel summed
+  filters last as the vectors and the input broadcast, FV filters x 6 taps per microkernel summed
   over the whole batch (one unit per block: the same bits at any thread count); the input gradient
   of a stride-1 layer is this forward again (`input_grad_add`): the delta correlated with the
   filters turned 180 degrees and transposed, padding k − 1 − pad, added into the previous delta.
@@ -48,9 +49,9 @@ UNIT_POSITIONS = 384
 WIDE_MIN_TAPS = 192
 WIDE_MIN_POSITIONS = 64
 
-#: Most taps per filter (c·k·k): a microkernel's 16 filters of weights, 64 bytes a tap, stay in
-#: the L1 cache up to here (18 KB). Most output positions per item: past 8x8 maps the other paths
-#: run their GEMMs or row kernels long enough to be faster. Measured layer by layer against the
+#: Most taps per filter (c·k·k): a microkernel's FV filters of weights, 64 bytes a tap (128 with
+#: AVX-512), stay in the L1 cache up to here (18 KB; 36 KB). Most output positions per item: past
+#: 8x8 maps the other paths run their GEMMs or row kernels long enough to be faster. Measured layer by layer against the
 #: path each took before, alternating in one process (2 threads, 2-core Zen 3 AVX2, inference with
 #: shared outputs; ratio of medians): digits' 16 -> 32 on 8x8 0.77 at b64 (direct) and 0.63 at
 #: b1, its 32 -> 64 on 4x4 0.63 (Winograd) and 0.45 (GEMM), its 1x1 64 -> 10 on 4x4 0.91 and
@@ -314,7 +315,7 @@ def input_grad_add(dx, d, wt, k, pad):
     conv_forward(dx, d, wt, k, 1, 1, k - 1 - pad, add=True)
 
 
-#: Taps per weight-gradient microkernel (`_wtile`): 6 taps x 16 filters in twelve vectors. Against 4
+#: Taps per weight-gradient microkernel (`_wtile`): 6 taps x FV filters in twelve vectors. Against 4
 #: taps (8 vectors), each layer's weight gradient alone at b32 (2 threads, Zen 3): 0.87-0.94x the time
 #: on shapes-tiny's 1x1 layers on 8x8, digits' 16 -> 32 on 8x8 and 64 -> 10 on 4x4; 0.88x on a
 #: 32 -> 16 3x3 on 8x8 at b128. The same sums in the same order: the same bits.
@@ -419,7 +420,7 @@ def _wgrad_parallel(dw, x, d, k, sy, sx, pad):
 def weight_grad(dw, x, d, sy, sx, pad):
     """dw (N, C, k, k) += the weight gradient of `conv_forward`: per filter and tap, the sum over
     the batch and the output positions of the delta d (B, N, OH, OW) (w.r.t. the raw product) times
-    the input x (B, C, H, W) the tap reads. Each (16 filters, 4 taps) block is one unit of work
+    the input x (B, C, H, W) the tap reads. Each (FV filters, TV taps) block is one unit of work
     summed in a fixed order, so the result does not depend on the thread count. Serial below
     PARALLEL_MIN delta values."""
     N, k = dw.shape[0], dw.shape[2]
