@@ -511,7 +511,7 @@ def test_batch_that_does_not_split_over_the_ranks_is_one_error(project):
     r = mpiexec(3, *train_args(project[3], project, project["root"] / "nosplit"), timeout=TIMEOUT)
     assert r.returncode != 0
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
-    assert len(errors) == 1, r.stderr
+    assert len(errors) == 1, f"exit status {r.returncode}\nstderr: {r.stderr}\nstdout: {r.stdout}"
     assert ("batch=24 does not split over 3 ranks x subdivisions=3" in errors[0]
             and "a multiple of 9" in errors[0]), errors
 
