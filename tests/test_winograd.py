@@ -358,6 +358,38 @@ def test_kept_transforms_stay_within_their_budget(monkeypatch):
         _same_forward(plain, shared, np.random.default_rng(3).uniform(-1, 1, plain.input.shape))
 
 
+@pytest.mark.parametrize("budget, anyway, kept", [(None, True, [True, True]),
+                                                   ("one", True, [True, False]),
+                                                   (0, True, [False, False]),
+                                                   (None, False, [False, False])])
+def test_layers_on_winograd_anyway_keep_the_transform_in_the_room_left(monkeypatch, budget, anyway,
+                                                                       kept):
+    """At batch 4 both layers have enough tiles for Winograd without a kept transform (196 and 144);
+    with fixed weights they keep it (KEEP_ANYWAY) as room allows, in network order, give the same
+    outputs, and make the transform once."""
+    if budget is not None:
+        monkeypatch.setattr(cw, "KEPT_FILTER_VALUES", cw._xi_size(32, 32) if budget == "one" else 0)
+    monkeypatch.setattr(cw, "KEEP_ANYWAY", anyway)
+    nets = [network_from_text(KEPT_CFG.replace("batch=1", "batch=4"), dtype=np.float64)
+            for _ in range(2)]
+    for layer, twin in zip(*(n.layers for n in nets)):
+        for p, q in zip(getattr(layer, "params", []), getattr(twin, "params", [])):
+            p.value[...] = np.random.default_rng(p.value.size).uniform(-1, 1, p.value.shape)
+            q.value[...] = p.value
+    plain, shared = nets
+    shared.share_outputs()
+    convs = [l for l in shared.layers if l.kind == "convolutional"]
+    assert all(l.winograd for l in plain.layers if l.kind == "convolutional")
+    assert all(l.winograd for l in convs)
+    assert [l.keep_filters for l in convs] == kept
+    x = np.random.default_rng(3).uniform(-1, 1, plain.input.shape)
+    _same_forward(plain, shared, x)
+    made = [l._kept_u for l in convs]
+    assert [u is not None for u in made] == kept
+    _same_forward(plain, shared, np.random.default_rng(4).uniform(-1, 1, plain.input.shape))
+    assert all(l._kept_u is u for l, u in zip(convs, made))
+
+
 @pytest.mark.parametrize("size, channels, kept", [(8, 32, True), (7, 32, False), (6, 32, False),
                                                    (8, 16, False)])
 def test_kept_transform_needs_enough_whole_tiles(size, channels, kept):

@@ -345,6 +345,12 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
                          and whole >= WINOGRAD_KEPT_MIN_TILES
                          and self.in_shape[0] >= WINOGRAD_KEPT_MIN_CHANNELS) else 0
 
+    def on_winograd_anyway(self, batch: int) -> bool:
+        """Whether this batch puts the layer on Winograd without a kept filter transform (which it
+        then makes at every forward unless kept: `plan_kept_filters`)."""
+        return (self.can_keep_filters and self.winograd_tiles(batch) >= WINOGRAD_MIN_TILES
+                and not (DIRECT_FV and self._fv_applies(True)))
+
     def allocate_training(self) -> None:
         """The buffers only backward needs, sized by the last allocate() (which drops them, so
         nothing is stale after resize/set_batch): besides the delta, the pre-activation
