@@ -185,8 +185,9 @@ def test_network_on_the_path_gives_the_other_paths_outputs(kw):
     want = plain.forward(x).copy()
     np.testing.assert_allclose(shared.forward(x), want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
     shared.unshare_outputs()            # training again: only what the training path takes stays
-    assert [l.direct_fv for l in convs] == [l.stride_x == 1 and 9 * l.n <= fv.MAX_TAPS
-                                           if l.size == 3 else l.n <= fv.MAX_TAPS for l in convs]
+    assert [l.direct_fv for l in convs] == [
+        l.stride_x == 1 and l.size ** 2 * max(l.n, l.in_shape[0]) <= fv.TRAINING_MAX_TAPS
+        for l in convs]
 
 
 @pytest.mark.parametrize("bn", [0, 1])
@@ -205,9 +206,10 @@ def test_fused_epilogue_same_bits_as_the_separate_pass(monkeypatch, bn):
 
 
 def test_which_layers_take_it(monkeypatch):
-    """At most MAX_TAPS taps per filter and MIN_POSITIONS to MAX_POSITIONS output positions per item; no
-    groups or dilation; in training also stride 1, padding at most k − 1 and at most MAX_TAPS taps
-    per filter of the input gradient; never with DIRECT_FV off."""
+    """MIN_POSITIONS to MAX_POSITIONS output positions per item; no groups or dilation; inferring,
+    at most MAX_TAPS taps per filter; training, stride 1, padding at most k − 1 and at most
+    TRAINING_MAX_TAPS taps per filter of the forward and of the input gradient; never with DIRECT_FV
+    off."""
     def takes(**kw):
         """(inferring, training): whether the first layer takes the path."""
         text = CFG.format(**(dict(batch=3, h=8, c=16, n=24, k=3, s=1, pad=1, bn=1,
@@ -216,8 +218,9 @@ def test_which_layers_take_it(monkeypatch):
         shared.share_outputs()
         return shared.layers[0].direct_fv, training.layers[0].direct_fv
 
-    assert takes() == (True, True) and takes(n=32) == (True, True)
-    assert takes(n=33) == (True, False)             # the input gradient's 297 taps
+    assert fv.MAX_TAPS == 288 and fv.TRAINING_MAX_TAPS == 576     # the limits the cases probe
+    assert takes() == (True, True) and takes(n=64) == (True, True)
+    assert takes(n=65) == (True, False)             # the input gradient's 585 taps
     assert takes(s=2, h=15) == (True, False)        # stride 2
     text = CFG.format(batch=1, h=6, c=16, n=24, k=1, s=1, pad=0, bn=0, activation="leaky")
     net = network_from_text(text.replace("pad=0\n", "padding=1\n", 1))     # padding past k - 1
@@ -226,8 +229,10 @@ def test_which_layers_take_it(monkeypatch):
     assert net.layers[0].direct_fv
 
     assert takes(c=32)[0] and takes(h=2, k=1, pad=0)[0] and takes(c=288, k=1, pad=0)[0]
-    assert takes(c=33) == (False, False)            # 297 taps
-    assert takes(c=289, k=1, pad=0) == (False, False)
+    assert takes(c=33) == (False, True)             # 297 taps: too many to infer, not to train
+    assert takes(c=289, k=1, pad=0) == (False, True)
+    assert takes(c=65) == (False, False)            # 585 taps
+    assert takes(c=577, k=1, pad=0) == (False, False)
     assert takes(h=9) == (False, False)             # 81 positions
     assert takes(h=1, k=1, pad=0) == (False, False)     # one position: a connected layer
     for extra in ("groups=2\n", "dilation=2\n"):
@@ -260,7 +265,8 @@ activation={activation}
 
 @pytest.mark.parametrize("kw", [dict(), dict(bn=1, activation="mish"), dict(k=1, pad=0, c=24, n=10),
                                 dict(k=3, pad=0, h=6), dict(k=5, pad=2, c=3, n=11, h=5),
-                                dict(h=2, k=1, pad=0, n=17)])
+                                dict(h=2, k=1, pad=0, n=17),
+                                dict(h=4, c=40, n=36)])         # 360 and 324 taps: training only
 def test_layer_gradcheck_on_the_training_path(kw):
     """A layer on the path in training (after a [maxpool] of size 1, so that its input gradient
     is checked too) against central differences in float64: weights, biases or BN scales, and

@@ -49,40 +49,51 @@ UNIT_POSITIONS = 384
 WIDE_MIN_TAPS = 192
 WIDE_MIN_POSITIONS = 64
 
-#: Most taps per filter (c·k·k): a microkernel's FV filters of weights, 64 bytes a tap (128 with
-#: AVX-512), stay in the L1 cache up to here (18 KB; 36 KB). Most output positions per item: past
-#: 8x8 maps the other paths run their GEMMs or row kernels long enough to be faster. Measured layer by layer against the
-#: path each took before, alternating in one process (2 threads, 2-core Zen 3 AVX2, inference with
-#: shared outputs; ratio of medians): digits' 16 -> 32 on 8x8 0.77 at b64 (direct) and 0.63 at
-#: b1, its 32 -> 64 on 4x4 0.63 (Winograd) and 0.45 (GEMM), its 1x1 64 -> 10 on 4x4 0.91 and
-#: 0.38; shapes-tiny's 1x1 128 -> 64, 128 -> 27 and 64 -> 32 on 8x8 0.56-0.94 at b64 and 0.74-0.75
-#: at b1. Beyond them it lost: shapes-tiny's 64 -> 128 on 8x8 (576 taps) 1.21-1.29 at b64, its
-#: 32 -> 64 on 16x16 level, 16 -> 32 on 32x32 1.55; cifar's 1x1 512 -> 10 on 7x7 1.21 at b64.
+#: Most taps per filter (c·k·k) in a network that only infers: a microkernel's FV filters of
+#: weights, 64 bytes a tap (128 with AVX-512), stay in the L1 cache up to here (18 KB; 36 KB).
+#: Most output positions per item: past 8x8 maps the other paths run their GEMMs or row kernels
+#: long enough to be faster. Measured layer by layer against the path each took before,
+#: alternating in one process (2 threads, 2-core Zen 3 AVX2, inference with shared outputs; ratio
+#: of medians): digits' 16 -> 32 on 8x8 0.77 at b64 (direct) and 0.63 at b1, its 32 -> 64 on 4x4
+#: 0.63 (Winograd) and 0.45 (GEMM), its 1x1 64 -> 10 on 4x4 0.91 and 0.38; shapes-tiny's 1x1 128
+#: -> 64, 128 -> 27 and 64 -> 32 on 8x8 0.56-0.94 at b64 and 0.74-0.75 at b1. Beyond them it lost:
+#: shapes-tiny's 64 -> 128 on 8x8 (576 taps) 1.21-1.29 at b64, its 32 -> 64 on 16x16 level, 16 ->
+#: 32 on 32x32 1.55; cifar's 1x1 512 -> 10 on 7x7 1.21 at b64.
 MAX_TAPS = 288
 MAX_POSITIONS = 64
 #: Fewest output positions per item (a 2x2 map; one position is a connected layer's GEMM).
 MIN_POSITIONS = 4
 
 
-#: Training too (forward, weight gradient, input gradient), for stride-1 layers whose input
-#: gradient's filters (n·k·k taps) are within MAX_TAPS as well. Measured per layer (forward +
-#: backward at b32 unless said, BN + leaky, against the path each took, alternating in one process,
-#: 2 threads, Zen 3): digits' 16 -> 32 on 8x8 0.59x the time (Winograd), its 1x1 64 -> 10 on 4x4
-#: 0.81, shapes-tiny's 1x1 128 -> 27 and 64 -> 32 on 8x8 0.75 and 0.81, 128 -> 64 0.95 (0.73 at
-#: b8), 64 -> 64 at b128 0.80, 32 -> 16 3x3 at b128 0.74; digits' training step 0.92-0.93x.
+#: Training too (forward, weight gradient, input gradient), for stride-1 layers whose forward and
+#: input gradient's filters (c·k·k and n·k·k taps) are within TRAINING_MAX_TAPS. Measured per
+#: layer (forward + backward at b32 unless said, BN + leaky, against the path each took,
+#: alternating in one process, 2 threads, Zen 3): digits' 16 -> 32 on 8x8 0.59x the time
+#: (Winograd), its 1x1 64 -> 10 on 4x4 0.81, shapes-tiny's 1x1 128 -> 27 and 64 -> 32 on 8x8 0.75
+#: and 0.81, 128 -> 64 0.95 (0.73 at b8), 64 -> 64 at b128 0.80, 32 -> 16 3x3 at b128 0.74;
+#: digits' training step 0.92-0.93x.
 TRAINING = True
+#: Most taps per filter of a layer that trains, in its forward and its input gradient: its GEMM and
+#: Winograd alternatives are short too (digits' 32 -> 64 on 4x4 at b32 ran Winograd on 128 tiles).
+#: Against MAX_TAPS, alternating in one process (2 threads, 2-core Xeon, AVX-512): digits' training
+#: step at b32 0.88-0.91x the time, shapes-tiny's 0.98-1.01x. (Inference keeps MAX_TAPS: 576 there
+#: measured 1.02-1.03x the time of digits and shapes-tiny at b64.)
+TRAINING_MAX_TAPS = 576
 
 
 def supports(c: int, n: int, k: int, groups: int, dilation: int, positions: int,
              inference_only: bool, stride: int = 1, pad: int = 0) -> bool:
-    """Layers this path takes: ungrouped and undilated, with at most MAX_TAPS taps per filter (c
-    input channels, k x k) and MIN_POSITIONS to MAX_POSITIONS output positions per item; in a
-    network that will only infer, or, with TRAINING, at stride 1 with padding at most k − 1 and at
-    most MAX_TAPS taps (n·k·k) per filter of the input gradient."""
-    if not (groups == 1 and dilation == 1 and c * k * k <= MAX_TAPS
-            and MIN_POSITIONS <= positions <= MAX_POSITIONS):
+    """Layers this path takes: ungrouped and undilated, with MIN_POSITIONS to MAX_POSITIONS output
+    positions per item; in a network that will only infer, with at most MAX_TAPS taps per filter (c
+    input channels, k x k); in one that trains (with TRAINING), at stride 1 with padding at most
+    k − 1 and at most TRAINING_MAX_TAPS taps per filter of the forward (c·k·k) and of the input
+    gradient (n·k·k)."""
+    if not (groups == 1 and dilation == 1 and MIN_POSITIONS <= positions <= MAX_POSITIONS):
         return False
-    return inference_only or (TRAINING and stride == 1 and pad <= k - 1 and n * k * k <= MAX_TAPS)
+    if inference_only:
+        return c * k * k <= MAX_TAPS
+    return (TRAINING and stride == 1 and pad <= k - 1
+            and max(c, n) * k * k <= TRAINING_MAX_TAPS)
 
 
 _jit = numba.njit(cache=True, nogil=True, inline="always")
