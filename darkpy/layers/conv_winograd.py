@@ -17,7 +17,7 @@ from ..kernels import im2col as ic
 from ..kernels import winograd as wg
 
 #: Batch items per Winograd chunk: as many as keep V and M (the transformed input and product) within
-#: WINOGRAD_CHUNK_VALUES (16 MiB in float32, half of im2col's CHUNK_VALUES), so that the 16 GEMMs
+#: WINOGRAD_CHUNK_VALUES (32 MiB in float32, as im2col's CHUNK_VALUES), so that the 16 GEMMs
 #: read V while it is still in a cache level (shapes-tiny training 0.93x time at 1<<20 against the whole
 #: batch at once, on a 2-core Zen 4), but at least WINOGRAD_MIN_GEMM_TILES tiles, so the GEMMs stay
 #: wide enough for BLAS (cifar at b64 was 1.15x slower with one 196-tile item per chunk). Each chunk
@@ -25,8 +25,11 @@ from ..kernels import winograd as wg
 #: fewer chunks win: there 1<<22 against 1<<20 took 0.76-0.85x the time of a shapes-tiny b64
 #: forward, 0.76-0.85x of its b32 training step, 0.94-1.09x of cifar b64 and 0.92-0.98x of
 #: yolov3-tiny b16 (two rounds each, 2 threads, OpenBLAS's Haswell kernels as that machine's shell
-#: pinned them); 1<<24 was no better than 1<<22.
-WINOGRAD_CHUNK_VALUES = 1 << 22
+#: pinned them); 1<<24 was no better than 1<<22. On a 2-core Xeon (AVX-512, OpenBLAS's SkylakeX
+#: kernels), alternating in one process, 1<<23 against 1<<22: the training steps of shapes-tiny at
+#: b32 0.97-0.98x the time, cifar at b128 0.96-0.98x, digits at b32 0.97x; inference of shapes-tiny
+#: and yolov3-tiny at b64 level (1<<24 counts as 1<<23: `_winograd_chunk` caps it there).
+WINOGRAD_CHUNK_VALUES = 1 << 23
 WINOGRAD_MIN_GEMM_TILES = 256
 #: A training forward keeps the Winograd transform of its input, V (16 values per 2x2 tile and
 #: channel, about 4x the input), for the weight gradient, which otherwise transforms the same input
