@@ -390,6 +390,18 @@ def test_layers_on_winograd_anyway_keep_the_transform_in_the_room_left(monkeypat
     assert all(l._kept_u is u for l, u in zip(convs, made))
 
 
+def test_a_layer_on_the_direct_path_keeps_no_filter_transform():
+    """16 -> 32 on 32x32 at batch 4 has the tiles for Winograd but takes the row-vectorised direct
+    path, so it is not among the layers on Winograd anyway (and takes none of their room)."""
+    text = KEPT_CFG.replace("batch=1", "batch=4").replace("channels=32", "channels=16")
+    net = network_from_text(text.replace("height=14", "height=32").replace("width=14", "width=32"))
+    net.share_outputs()
+    layer = net.layers[0]
+    assert layer.winograd_tiles(4) >= conv.WINOGRAD_MIN_TILES
+    assert layer.direct and not layer.winograd and not layer.keep_filters
+    assert not layer.on_winograd_anyway(4)
+
+
 @pytest.mark.parametrize("size, channels, kept", [(8, 32, True), (7, 32, False), (6, 32, False),
                                                    (8, 16, False)])
 def test_kept_transform_needs_enough_whole_tiles(size, channels, kept):

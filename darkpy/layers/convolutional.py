@@ -278,10 +278,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
         ic.reserve(self.chunk * (rows + ng) * cols, self.dtype)
         self._kept_wt = None
         self.direct_fv = DIRECT_FV and self._fv_applies(self.inference_only)
-        self.direct = not self.direct_fv and DIRECT and dk.supports(
-            self.in_shape[0], self.n, self.size, self.groups, self.dilation,
-            max(self.stride_x, self.stride_y), self.out_shape[1] * self.out_shape[2], batch,
-            self.inference_only)
+        self.direct = not self.direct_fv and self._direct_applies(batch, self.inference_only)
         self.winograd = not (self.direct or self.direct_fv) and self._use_winograd(batch)
         # a 1x1 layer on a 1x1 map (a classifier's last layer) is a connected layer: one GEMM of the
         # batch's rows, (B, c) @ Wᵀ, straight from the input into the output (instead of B GEMVs:
@@ -346,10 +343,17 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
                          and self.in_shape[0] >= WINOGRAD_KEPT_MIN_CHANNELS) else 0
 
     def on_winograd_anyway(self, batch: int) -> bool:
-        """Whether this batch puts the layer on Winograd without a kept filter transform (which it
-        then makes at every forward unless kept: `plan_kept_filters`)."""
+        """Whether this batch puts an inferring layer on Winograd without a kept filter transform
+        (which it then makes at every forward unless kept: `plan_kept_filters`)."""
         return (self.can_keep_filters and self.winograd_tiles(batch) >= WINOGRAD_MIN_TILES
-                and not (DIRECT_FV and self._fv_applies(True)))
+                and not (DIRECT_FV and self._fv_applies(True))
+                and not self._direct_applies(batch, True))
+
+    def _direct_applies(self, batch: int, inference_only: bool) -> bool:
+        """Whether the row-vectorised direct convolution (`dk.supports`) can take this layer."""
+        return DIRECT and dk.supports(self.in_shape[0], self.n, self.size, self.groups,
+                                      self.dilation, max(self.stride_x, self.stride_y),
+                                      self.out_shape[1] * self.out_shape[2], batch, inference_only)
 
     def allocate_training(self) -> None:
         """The buffers only backward needs, sized by the last allocate() (which drops them, so
