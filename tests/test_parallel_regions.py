@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from darkpy.kernels import activations as act
+from darkpy.kernels import attention as attk
 from darkpy.kernels import bn as bnk
 from darkpy.kernels import direct as dk
 from darkpy.kernels import winograd as wg
@@ -132,6 +133,12 @@ CASES = {
                                                          np.array([1, -1]), np.zeros((0, 5)), 0.1, 1.0, True)),
     "attention softmax": (mha.softmax_masked, lambda: (_f32(2, 2, 4, 4), 0.5, True, np.zeros((2, 4), np.uint8))),
     "attention softmax backward": (mha.softmax_backward, lambda: (_f32(2, 2, 4, 4), _f32(2, 2, 4, 4, seed=1), 0.5)),
+    "fused attention": (attk.attention_forward, lambda: (_f32(2, 2, 5, 5), _f32(10, 2 * attk.CV),
+                                                         _f32(10, 6 * attk.CV, seed=1), 0.5, True,
+                                                         np.zeros((0, 0), np.uint8))),
+    "fused attention backward": (attk.attention_backward, lambda: (
+        _f32(10, 6 * attk.CV), _f32(2, 2, 5, 5), _f32(2, 2, 5, 5, seed=1), _f32(10, 2 * attk.CV, seed=2),
+        _f32(10, 6 * attk.CV, seed=3), 0.5, True)),
     "adamw step": (optim.adamw_step, lambda: (*(_f32(40, seed=i) for i in range(4)), 1e-3, 2, 0.9, 0.99, 1e-8, 3, 0.01)),
     "sum of squares": (optim.sum_squares, lambda: (_f32(100),)),
 }

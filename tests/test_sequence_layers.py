@@ -10,6 +10,7 @@ import pytest
 from darkpy.errors import CfgError, StateError
 from darkpy.kernels import activations as act
 from darkpy.layers.base import State
+from darkpy.layers import mha
 from darkpy.layers.embedding import sinusoidal_table
 from darkpy.network import network_from_text
 from helpers import assert_close, numerical_grad
@@ -242,6 +243,78 @@ def test_attention_dropout_gradients_and_scaling():
     inference = net.forward(x).copy()                # no dropout outside training
     ref, _ = attention_reference(x, att)
     assert_close(inference, ref, 1e-10, 1e-12, "inference ignores dropout")
+
+
+def _wide_attention(keys: str, dtype=np.float64, dim=64, heads=2, steps=T, seqs=S):
+    """An [attention] layer whose heads (32 values) the fused kernels take, on float rows or, with
+    a pad mask, on an embedding of token ids."""
+    pad = "pad=" in keys
+    body = f"[attention]\nheads={heads}\n{keys}\n"
+    if pad:
+        body = f"[embedding]\nvocab=6\nsize={dim}\n\n" + body
+    net = network_from_text(f"[net]\nbatch={seqs}\ntime_steps={steps}\ninputs={1 if pad else dim}\n\n"
+                            f"{body}", dtype=dtype, seed=3)
+    net.allocate_training()
+    rng = np.random.default_rng(5)
+    for p in net.layers[-1].params:
+        p.value[...] = rng.normal(size=p.value.shape) * 0.3
+    if pad:
+        ids = np.random.default_rng(4).integers(0, 6, (steps * seqs, 1)).astype(dtype)
+        ids[:3] = 0                                  # every sequence's first key is padding
+        net.forward(ids, train=True)
+        return net, net.layers[0].output.copy()
+    return net, np.random.default_rng(2).normal(size=(steps * seqs, dim)).astype(dtype)
+
+
+def _attention_pass(net, x, fused: bool, monkeypatch):
+    """Forward and backward of the last layer on x with the fused kernels on or off: (output,
+    weights, parameter gradients, input gradient, and whether the pass was fused)."""
+    monkeypatch.setattr(mha, "FUSED", fused)
+    att = net.layers[-1]
+    st = _state(net, att, x)
+    att.forward(st)
+    taken = att.fused
+    att.delta[...] = np.random.default_rng(9).normal(size=att.delta.shape)
+    for p in att.params:
+        p.grad.fill(0)
+    st.delta = np.zeros_like(x)
+    att.backward(st)
+    return [att.output.copy(), att.attention_weights.copy(), *(p.grad.copy() for p in att.params),
+            st.delta], taken
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("keys", ["causal=0", "causal=1", "causal=1\npad=0", "causal=0\npad=0"])
+@pytest.mark.parametrize("steps, seqs", [(5, 3), (7, 1), (33, 2)])
+def test_fused_attention_equals_the_gemm_path(keys, dtype, steps, seqs, monkeypatch):
+    """The fused kernels (kernels/attention.py) and the GEMM stacks give the same forward, weights
+    and gradients, to rounding, with row blocks cut at the last step (5, 7, 33 steps)."""
+    net, x = _wide_attention(keys, dtype, steps=steps, seqs=seqs)
+    fused, taken = _attention_pass(net, x, True, monkeypatch)
+    gemm, not_taken = _attention_pass(net, x, False, monkeypatch)
+    assert taken and not not_taken
+    tol = 1e-12 if dtype == np.float64 else 2e-5
+    names = ["output", "weights", "d weights", "d biases", "d out_weights", "d out_biases", "d input"]
+    for name, a, b in zip(names, fused, gemm):
+        assert_close(a, b, tol, tol * np.abs(b).max(), f"fused attention {name}")
+    if "pad" in keys:                                # masked keys: exactly 0, as on the GEMM path
+        assert not fused[1][:, :, :, 0].any()
+
+
+def test_fused_attention_gradients():
+    net, x = _wide_attention("causal=1", dim=32, heads=1)
+    net.forward(x, train=True)
+    assert net.layers[0].fused
+    # atol: the central differences of this wider layer's larger Σ R·output carry ~3e-8 of
+    # rounding (the GEMM path's gradients miss the 1e-8 default by as much)
+    layer_gradcheck(net, 0, x, atol=1e-7)
+
+
+def test_attention_with_dropout_or_narrow_heads_takes_the_gemm_path():
+    net, x = _wide_attention("causal=1\ndropout=0.2")
+    net.layers[0].forward(_state(net, net.layers[0], x))
+    assert not net.layers[0].fused
+    assert not _attention_net("causal=1").layers[0].fused          # heads of 4 values
 
 
 def test_attention_cfg_errors():
