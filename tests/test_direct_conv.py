@@ -152,14 +152,18 @@ def _net(monkeypatch, direct, dtype=np.float64, **kw):
     return net
 
 
+@pytest.mark.parametrize("own_input_grad", [True, False])
 @pytest.mark.parametrize("kw", [dict(), dict(bn=1), dict(s=2, pad=1), dict(k=1, pad=0, c=1),
-                                dict(k=5, pad=2, s=2, c=4), dict(c=32, n=8, h=32, w=33, bn=1)])
-def test_layer_direct_equals_im2col(monkeypatch, kw):
-    """Output, input delta (direct's layer falls back to col2im for it) and weight/bias/scale
-    gradients of the direct path equal the im2col path's (float64)."""
+                                dict(k=5, pad=2, s=2, c=4), dict(c=32, n=8, h=32, w=33, bn=1),
+                                dict(pad=0), dict(k=5, pad=1, c=4)])
+def test_layer_direct_equals_im2col(monkeypatch, kw, own_input_grad):
+    """Output, input delta (stride 1: the direct kernel on the turned filters, with
+    DIRECT_INPUT_GRAD; else col2im's) and weight/bias/scale gradients of the direct path equal
+    the im2col path's (float64)."""
     results = []
     for direct in (False, True):
         net = _net(monkeypatch, direct, **kw)
+        monkeypatch.setattr(conv, "DIRECT_INPUT_GRAD", own_input_grad)
         layer = net.layers[0]
         layer.init_weights(np.random.default_rng(1))
         x = np.random.default_rng(2).uniform(-1, 1, net.input.shape)

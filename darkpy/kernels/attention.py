@@ -3,7 +3,7 @@ weighted sum of the values in one pass per (sequence, head), and the backward th
 
 At a Transformer's sizes a head's products are small (tiny-gpt: 64 × 64 × 32) and each goes to
 BLAS as one GEMM of a stack, which spends more time starting up than multiplying. Here every
-product is a register-blocked SIMD microkernel (`_rows4x2`: 4 rows × 2 vectors, eight vector
+product is a register-blocked SIMD microkernel (`microgemm.rows4x2`: 4 rows × 2 vectors, eight vector
 accumulators) over a head's rows, read in place from the layer's time-major row buffers (row
 t·S + s is step t of sequence s), with the causal rows cut at the query, so half of a causal head's
 products are never computed. One unit of parallel work is one (sequence, head).
@@ -24,48 +24,13 @@ import math
 import numpy as np
 from numba import prange
 
-from . import jit, pjit, simd
+from . import jit, pjit
+from .microgemm import CV, rows4x2
 from . import vecmath as vm
-
-#: Columns per microkernel: two vectors.
-CV = 2 * simd.LANES
-
 
 def fits(head_size: int) -> bool:
     """True when a head of `head_size` columns is whole microkernel column pairs."""
     return head_size % CV == 0
-
-
-@jit(inline="always")
-def _rows4x2(out, o0, o1, o2, o3, lhs, l0, l1, l2, l3, rhs, r0, rstr, klo, khi):
-    """out[o_i : o_i + CV] := Σ_{k in [klo, khi)} lhs[l_i + k] · rhs[r0 + k·rstr : … + CV] for the
-    four rows i (a row may repeat: the same values are stored twice)."""
-    z = simd.zero(rhs)
-    a0 = a1 = b0 = b1 = c0 = c1 = d0 = d1 = z
-    for k in range(klo, khi):
-        ri = r0 + k * rstr
-        v0 = simd.load(rhs, ri)
-        v1 = simd.load(rhs, ri + simd.LANES)
-        x = simd.get(lhs, l0 + k)
-        a0 = simd.fma(a0, x, v0)
-        a1 = simd.fma(a1, x, v1)
-        x = simd.get(lhs, l1 + k)
-        b0 = simd.fma(b0, x, v0)
-        b1 = simd.fma(b1, x, v1)
-        x = simd.get(lhs, l2 + k)
-        c0 = simd.fma(c0, x, v0)
-        c1 = simd.fma(c1, x, v1)
-        x = simd.get(lhs, l3 + k)
-        d0 = simd.fma(d0, x, v0)
-        d1 = simd.fma(d1, x, v1)
-    simd.store(out, o0, a0)
-    simd.store(out, o0 + simd.LANES, a1)
-    simd.store(out, o1, b0)
-    simd.store(out, o1 + simd.LANES, b1)
-    simd.store(out, o2, c0)
-    simd.store(out, o2 + simd.LANES, c1)
-    simd.store(out, o3, d0)
-    simd.store(out, o3 + simd.LANES, d1)
 
 
 #: Which products a causal head cuts, per block of rows i0..i0+3 (rows: queries, or keys for the
@@ -91,7 +56,7 @@ def _product(out, obase, ostr, lhs, lbase, lstr, rhs, rbase, rstr, rows, cols, k
         elif cut == COLUMNS_BEFORE:
             width = min(cols, _padded(i0 + 4))
         for v in range(0, width, CV):
-            _rows4x2(out, obase + i0 * ostr + v, obase + i1 * ostr + v, obase + i2 * ostr + v,
+            rows4x2(out, obase + i0 * ostr + v, obase + i1 * ostr + v, obase + i2 * ostr + v,
                      obase + i3 * ostr + v, lhs, lbase + i0 * lstr, lbase + i1 * lstr,
                      lbase + i2 * lstr, lbase + i3 * lstr, rhs, rbase + v, rstr, lo, hi)
 

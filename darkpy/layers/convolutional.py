@@ -30,6 +30,7 @@ from .. import blas
 from ..kernels import activations as act
 from ..kernels import bn as bnk
 from ..kernels import direct as dk
+from ..kernels import direct_fv as fv
 from ..kernels import im2col as ic
 from ..kernels import winograd as wg
 from ..memory import param_ones, param_zeros
@@ -77,9 +78,13 @@ POOLED_MIN_POSITIONS = 16 * 16
 #: Direct convolution (kernels/direct.py) for layers with at most 4 input channels and 32 filters
 #: (128 for 3x3 kernels: first layers) and for 3x3 layers with at most 32 channels and 128 filters
 #: on large maps, or on small ones in a small batch (`dk.supports`): no im2col matrix, in the
-#: forward pass and the weight gradient (the input gradient stays im2col's). It comes before
-#: Winograd. False: im2col + GEMM or Winograd.
+#: forward pass and the weight gradient (and the input gradient of stride-1 layers with
+#: DIRECT_INPUT_GRAD; others im2col's). It comes before Winograd. False: im2col + GEMM or Winograd.
 DIRECT = True
+#: The input gradient of a stride-1 direct layer by the direct forward kernel itself (the delta
+#: correlated with the turned filters, `_direct_input_grad`) instead of a GEMM into an im2col-sized
+#: matrix and col2im. False: the GEMM and col2im.
+DIRECT_INPUT_GRAD = True
 #: Layers with small output maps and few taps per filter (`fv.supports`: in training only stride-1
 #: ones) take the direct convolution vectorised across filters (kernels/direct_fv.py) in the
 #: forward pass and both gradients, before every other path. False: never.
@@ -484,6 +489,9 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
                                 dk.block_rows(oh, ow, self.size, self.stride_x))
             if prev is None:
                 return
+            if DIRECT_INPUT_GRAD and self.stride_x == self.stride_y == 1:
+                self._direct_input_grad(d.reshape(self.batch, self.n, oh, ow), prev)
+                return
         if self.rows_gemm:
             self._backward_rows(d.reshape(self.batch, self.n), x.reshape(self.batch, -1), prev, wmat[0])
         for items, j, cin, fout in ([] if self.winograd or self.rows_gemm else self._chunks()):
@@ -518,6 +526,17 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
             flipped = self.weights.value.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1]
             self._winograd(d.reshape(self.batch, self.n, oh, ow), flipped, 2 - self.padding, prev,
                            add=True)
+
+    def _direct_input_grad(self, d, prev) -> None:
+        """prev += the input gradient of a stride-1 direct layer: the correlation of the delta d
+        (B, n, oh, ow) with the filters turned 180 degrees and transposed, padding k − 1 − pad, by
+        the direct forward kernel (into the workspace, then added)."""
+        k, pad = self.size, self.padding
+        wt = fv.turned(self.weights.value)
+        ic.reserve(prev.size, self.dtype)
+        dx = ic.get(prev.shape, self.dtype)
+        dk.conv_forward(dx, d, wt, 1, 1, k - 1 - pad, dk.forward_rows(self.batch, *prev.shape[2:], k, 1))
+        ic.add_into(prev.reshape(-1), dx.reshape(-1))
 
     def _backward_rows(self, d2, x2, prev, w) -> None:
         """Backward of `rows_gemm`: d2 (B, n), x2 (B, c), w (n, c); prev (B, c, 1, 1) or None."""
