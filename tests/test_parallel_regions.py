@@ -18,6 +18,7 @@ from darkpy.kernels import attention as attk
 from darkpy.kernels import bn as bnk
 from darkpy.kernels import direct as dk
 from darkpy.kernels import winograd as wg
+from darkpy.kernels import winograd_fused as wgf
 from darkpy import optim
 from darkpy.layers import mha, pooling, recurrent, shortcut, upsample, xent
 
@@ -129,6 +130,9 @@ CASES = {
     "direct weight gradient": (dk._weight_grad_parallel, lambda: _direct_args("wgrad")),
     "winograd inputs": (wg.inputs, _winograd_inputs_args),
     "winograd outputs": (wg._outputs_parallel, _winograd_outputs_args),
+    "winograd fused bands": (wgf.conv3x3, lambda: (np.zeros((2, 8, 6, 6), np.float32), _f32(2, 4, 6, 6),
+                                                   _f32(16 * 32 + 15 * 16), 32 + 16, 1, False, np.empty(0),
+                                                   np.empty(0), 0, np.empty((0, 0, 0, 0), np.float32), 2, 2)),
     "crossentropy forward": (xent.xent_forward, lambda: (_f32(2, 5), _f32(2, 5), _f32(2, 5), np.zeros(2), _f32(2, 5, seed=1),
                                                          np.array([1, -1]), np.zeros((0, 5)), 0.1, 1.0, True)),
     "attention softmax": (mha.softmax_masked, lambda: (_f32(2, 2, 4, 4), 0.5, True, np.zeros((2, 4), np.uint8))),

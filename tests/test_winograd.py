@@ -9,7 +9,10 @@ import darkpy.layers.conv_winograd as cw
 import darkpy.layers.convolutional as conv
 from darkpy.kernels import direct as dk
 from darkpy.kernels import im2col as ic
+from darkpy.kernels import activations as act
 from darkpy.kernels import winograd as wg
+from darkpy.kernels import winograd_fused as wf
+from darkpy.kernels.pool2x2 import no_pool
 from darkpy.layers.base import State
 
 from darkpy.network import network_from_text
@@ -77,6 +80,51 @@ def test_kernels_match_direct_correlation(shape):
     assert np.abs(winograd_correlation(x32, w32, pad) - ref).max() <= 1e-6 * scale
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 5, 5, 5, 1, 1, 1), (1, 5, 13, 6, 7, 1, 2, 3), (3, 4, 6, 7, 4, 0, 1, 2),
+                                   (2, 3, 3, 4, 4, 2, 1, 1), (1, 2, 2, 1, 1, 1, 1, 1), (2, 8, 9, 9, 10, 2, 2, 2),
+                                   (2, 6, 8, 12, 12, 1, 6, 1)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_fused_bands_match_the_direct_correlation(shape, dtype):
+    """winograd_fused.conv3x3 (bands of `rows` tile rows, filters in `fgroups` groups) written,
+    added, with the inference epilogue and with the 2x2 maxpool, against the reference."""
+    nb, c, n, h, w, pad, rows, fgroups = shape
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal((nb, c, h, w)).astype(dtype)
+    wt = rng.standard_normal((n, c, 3, 3)).astype(dtype)
+    ref = direct_correlation(x.astype(np.float64), wt.astype(np.float64), pad)
+    u = np.empty((16, n * c + cw.XI_PAD), dtype)
+    wg.filters(u[:, :n * c].reshape(16, n, c), wt)
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    scale = direct_correlation(np.abs(x), np.abs(wt), pad).max()
+
+    def run(y, add=False, k=cw._NONE, off=cw._NONE, act=0, p=None):
+        wf.conv3x3(y, x, u.reshape(-1)[:16 * (n * c + cw.XI_PAD) - cw.XI_PAD], n * c + cw.XI_PAD, pad,
+                   add, k, off, act, no_pool(dtype) if p is None else p, rows, fgroups)
+        return y
+
+    y = run(np.full(ref.shape, np.nan, dtype))
+    assert np.abs(y - ref).max() <= tol * scale
+    y0 = rng.standard_normal(ref.shape).astype(dtype)
+    assert np.abs(run(y0.copy(), add=True) - (y0 + ref)).max() <= tol * (scale + np.abs(y0).max())
+    k, off = rng.uniform(0.5, 2, n), rng.standard_normal(n)
+    z = ref * k[:, None, None] + off[:, None, None]
+    leaky = np.where(z > 0, z, 0.1 * z)
+    y = run(np.full(ref.shape, np.nan, dtype), k=k, off=off, act=act.LEAKY)
+    assert np.abs(y - leaky).max() <= tol * 4 * (scale + np.abs(off).max())
+    oh, ow = ref.shape[2:]
+    if oh % 2 == 0 and ow % 2 == 0:
+        p = np.full((nb, n, oh // 2, ow // 2), np.nan, dtype)
+        run(np.empty(ref.shape, dtype), k=k, off=off, act=act.LEAKY, p=p)
+        pooled = leaky.reshape(nb, n, oh // 2, 2, ow // 2, 2).max(axis=(3, 5))
+        assert np.abs(p - pooled).max() <= tol * 4 * (scale + np.abs(off).max())
+
+
+def test_fused_band_groups_rule():
+    """Enough tasks for two per thread on a map of few bands; whole groups of 4 filters."""
+    assert wf.groups(512, 1, 2) == 4 and wf.groups(512, 8, 2) == 1 and wf.groups(6, 1, 4) == 1
+    assert wf.band_rows(13, 13) == 9 and wf.band_rows(200, 100) == 1 and wf.band_rows(4, 4) == 4
+
+
 CFG = """[net]
 batch={batch}
 height={h}
@@ -107,12 +155,15 @@ def _net(monkeypatch, winograd, dtype=np.float64, batch=3, h=7, w=6, padding=1, 
 def test_layer_winograd_equals_im2col(monkeypatch, padding, bn):
     """Forward output, input delta and weight/bias/scale gradients of the Winograd path equal the
     im2col path's (float64), including with the batch split into chunks, with the forward's input
-    transform kept for the weight gradient and recomputed there."""
+    transform kept for the weight gradient and recomputed there, and in fused bands."""
     rng = np.random.default_rng(padding + 10 * bn)
     results = []
-    for winograd, chunk, keep in ((False, None, 0), (True, None, 1 << 23), (True, 16 * 12 * 24, 1 << 23),
-                                  (True, 16 * 12 * 24, 0)):
+    for winograd, chunk, keep, bands in ((False, None, 0, False), (True, None, 1 << 23, False),
+                                         (True, 16 * 12 * 24, 1 << 23, False), (True, 16 * 12 * 24, 0, False),
+                                         (True, None, 0, True), (True, None, 1 << 23, True)):
         monkeypatch.setattr(cw, "WINOGRAD_KEEP_VALUES", keep)
+        monkeypatch.setattr(cw, "FUSED_BANDS", bands)       # (forward without a kept V, input gradient)
+        monkeypatch.setattr(cw, "FUSED_MIN_TILES", 1)
         net = _net(monkeypatch, winograd, padding=padding, bn=bn, chunk=chunk)
         layer = net.layers[0]
         if chunk is not None:

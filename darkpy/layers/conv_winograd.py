@@ -6,15 +6,19 @@ transforms (kernels/winograd.py) and the 16 GEMMs between them, and the weight g
 shared workspace (kernels/im2col.py), the transformed input V (16 matrices c x tiles) and product M
 (16 matrices n x tiles) of a chunk after them, each set of 16 XI_PAD values apart (`_xi_rows`).
 Each transform is one kernel over the chunk, the 16 GEMMs one `blas.matmul` call (as concurrent
-streams, one per thread).
+streams, one per thread). Correlations over few channels skip the chunks: one fused kernel does the
+three steps band by band (`FUSED_BANDS`, kernels/winograd_fused.py).
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from .. import blas
 from ..kernels import im2col as ic
 from ..kernels import winograd as wg
+from ..kernels import winograd_fused as wf
+from ..kernels.pool2x2 import no_pool
 
 #: Batch items per Winograd chunk: as many as keep V and M (the transformed input and product) within
 #: WINOGRAD_CHUNK_VALUES (32 MiB in float32, as im2col's CHUNK_VALUES), so that the 16 GEMMs
@@ -50,6 +54,23 @@ KEPT_FILTER_VALUES = 1 << 23
 #: Alternating in one process (2 threads, 2-core Xeon, AVX-512), the whole forward at batch 1:
 #: cifar 0.95x the time, darknet.cfg 0.97x, yolov3-tiny 0.96x, darknet19 level.
 KEEP_ANYWAY = True
+#: Correlations over at most FUSED_MAX_CHANNELS input channels, with at least FUSED_MIN_TILES
+#: tiles per item and FUSED_MIN_BATCH items, run fused (kernels/winograd_fused.py: each band of
+#: tile rows transformed, multiplied by the register-blocked microkernel and finished in one task,
+#: V and M in L2): the forward (but the training forward that keeps V) and the input gradient.
+#: Over few channels the 16 GEMMs have a short shared dimension (K = c), where OpenBLAS runs far
+#: below its rate, and V and M dominate the traffic. Alternating in one process (2 threads, 2-core
+#: AVX-512 Xeon): shapes-tiny's training step at b32 0.93-0.94x the time (its 96 -> 64 layer on
+#: 16x16 0.75x forward), its b64 inference 0.84-0.87x, yolov4-tiny b64 0.93-0.95x (64 -> 64 on
+#: 104x104 0.83x), digits' training step 0.97x; tiny.cfg, darknet.cfg, darknet19, yolov3-tiny,
+#: resnet50 at b64 and darknet19's training level (0.99-1.01 over repeated runs). Over 128 channels
+#: and more, OpenBLAS's GEMMs win: cifar's 128 -> 128 layers on 28x28 at b64 1.21x, yolov3-tiny's
+#: 128 -> 256 and 256 -> 512 layers 1.04-1.14x.
+FUSED_BANDS = True
+FUSED_MAX_CHANNELS = 96
+FUSED_MIN_TILES = 64
+FUSED_MIN_BATCH = 2
+_NONE = np.empty(0)
 
 
 class WinogradConv:
@@ -83,6 +104,16 @@ class WinogradConv:
         if u is None:
             u = _xi_view(0, n, c, self.dtype)
             wg.filters(u, w)
+        th, tw = wg.tiles(*y.shape[2:])
+        if (FUSED_BANDS and not keep and c <= FUSED_MAX_CHANNELS and th * tw >= FUSED_MIN_TILES
+                and y.shape[0] >= FUSED_MIN_BATCH):
+            k, off, act = epilogue if epilogue else (_NONE, _NONE, 0)
+            rows = wf.band_rows(tw, th)
+            bands = y.shape[0] * -(-th // rows)
+            wf.conv3x3(y, x, _flat(u), n * c + XI_PAD, pad, add, k, off, act,
+                       no_pool(y.dtype) if pool is None else pool, rows,
+                       wf.groups(n, bands, numba.get_num_threads()))
+            return
         for items, vrows, m in self._winograd_chunks(c, n, y.shape[2:], kept=keep):
             wg.inputs(vrows, x[items], pad)
             # the 16 GEMMs in one call (numpy loops over ξ)
@@ -138,6 +169,14 @@ class WinogradConv:
             v = _as_matrices(vrows, c, dm.shape[2])
             blas.matmul(dm, v.transpose(0, 2, 1), out=du)
             wg.filters_adjoint_add(self.weights.grad, du)
+
+
+def _flat(u: np.ndarray) -> np.ndarray:
+    """The 16 (n, c) matrices of a `_xi_view` as the flat run of memory they lie in (matrix ξ at
+    ξ·(n·c + XI_PAD)), for the fused kernel."""
+    n, c = u.shape[1:]
+    return np.lib.stride_tricks.as_strided(u, shape=(16 * (n * c + XI_PAD) - XI_PAD,),
+                                           strides=(u.itemsize,))
 
 
 def plan_kept_filters(layers, batch: int, fixed: bool) -> None:

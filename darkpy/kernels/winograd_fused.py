@@ -1,0 +1,189 @@
+"""Winograd F(2x2, 3x3) fused per band of tile rows: input transform, the 16 products and output
+transform of one band in one task, in the task's own buffers.
+
+kernels/winograd.py runs the three steps over a whole chunk of items, each through memory: V and M
+(4x the input and the output) leave the cache between the steps, and the products run as BLAS
+calls on threads of their own, between two parallel regions of numba's. Here one task (a band of
+BAND_TILES tiles or so: whole tile rows of one item) transforms its patches into V (16 matrices
+c x tiles), multiplies them by the filter transform U (16 matrices n x c, made once per call or
+kept by the layer) into M with the register-blocked microkernel (kernels/microgemm.py), and turns
+M into its rows of the output at once, with the inference epilogue (affine + activation) and the
+2x2 maxpool when asked. V and M of a band stay in the core's L2 cache; the threads never leave
+numba's pool. The arithmetic is kernels/winograd.py's (same transforms), only the products sum in
+another order. A map of few bands (13x13 at batch 1) splits each band's filters into groups
+(`groups`), each group's task transforming the band's input again, so both threads have work.
+
+The layer takes it where the products' shared dimension (the input channels) is short: see
+`layers/conv_winograd.py`, FUSED_BANDS, for where it measured faster and where BLAS stays ahead.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from . import jit, pjit
+from .bn import affine_act_row
+from .microgemm import CV, rows4x2
+from .pool2x2 import pool_rows
+from .winograd import _bt_col
+
+#: Values between two of a band's 16 matrices of V (and of M) beyond the matrix itself: without
+#: it the 16 matrices are often a multiple of 4 KiB apart, and the transforms' 16 streams of
+#: stores and loads fall into the same cache sets.
+XI_PAD = 16
+#: Tiles per band (whole tile rows, at least one): V and M of a band are 16·(c + n)·tiles values,
+#: 2 MiB for 128 -> 128 channels at 128 tiles.
+BAND_TILES = 128
+
+
+def band_rows(tiles_w: int, tiles_h: int) -> int:
+    """Tile rows per band for a map of tiles_h x tiles_w tiles."""
+    return max(1, min(tiles_h, BAND_TILES // max(tiles_w, 1)))
+
+
+@jit(inline="always")
+def _band_inputs(v, x, b, pad, r0, r1, tw, ntp, sp):
+    """v (16, c·ntp + XI_PAD) := V of tile rows r0..r1−1 of item b: V[ξ][ch, t] at v[ξ, ch·ntp + t],
+    t = (ty − r0)·tw + tx; columns past the band's tiles 0. sp: a (2·(r1 − r0) + 2, 2·tw + 2)
+    scratch band of the zero-padded input."""
+    c, h, w = x.shape[1], x.shape[2], x.shape[3]
+    bh, bw = sp.shape
+    nt = (r1 - r0) * tw
+    for ch in range(c):
+        for i in range(bh):
+            yy = 2 * r0 + i - pad
+            row = sp[i]
+            if yy < 0 or yy >= h:
+                for j in range(bw):
+                    row[j] = 0
+                continue
+            xr = x[b, ch, yy]
+            for j in range(bw):
+                xx = j - pad
+                row[j] = xr[xx] if 0 <= xx < w else 0
+        t = ch * ntp
+        for ty in range(r1 - r0):
+            q0, q1, q2, q3 = sp[2 * ty], sp[2 * ty + 1], sp[2 * ty + 2], sp[2 * ty + 3]
+            for tx in range(tw):
+                j = 2 * tx
+                s00, s01, s02, s03 = _bt_col(q0[j], q1[j], q2[j], q3[j])
+                s10, s11, s12, s13 = _bt_col(q0[j + 1], q1[j + 1], q2[j + 1], q3[j + 1])
+                s20, s21, s22, s23 = _bt_col(q0[j + 2], q1[j + 2], q2[j + 2], q3[j + 2])
+                s30, s31, s32, s33 = _bt_col(q0[j + 3], q1[j + 3], q2[j + 3], q3[j + 3])
+                v[0, t], v[1, t], v[2, t], v[3, t] = _bt_col(s00, s10, s20, s30)
+                v[4, t], v[5, t], v[6, t], v[7, t] = _bt_col(s01, s11, s21, s31)
+                v[8, t], v[9, t], v[10, t], v[11, t] = _bt_col(s02, s12, s22, s32)
+                v[12, t], v[13, t], v[14, t], v[15, t] = _bt_col(s03, s13, s23, s33)
+                t += 1
+        for xi in range(16):
+            for t in range(ch * ntp + nt, (ch + 1) * ntp):       # (V[ξ][ch] past the tiles)
+                v[xi, t] = 0
+
+
+@jit(inline="always")
+def _band_products(m, u, ustr, v, f0, nf, c, ntp):
+    """M[ξ] (nf, ntp) = U[ξ] (filters f0..f0+nf−1, c) @ V[ξ] (c, ntp) for the 16 ξ: M[ξ][i, t] at
+    m[ξ·(nf·ntp + XI_PAD) + i·ntp + t], U[ξ][f, ch] at u[ξ·ustr + f·c + ch]. Column pairs outside,
+    filters inside: a pair's c rows of V stay in L1."""
+    last = nf - 1
+    for xi in range(16):
+        vb = xi * (c * ntp + XI_PAD)
+        mb = xi * (nf * ntp + XI_PAD)
+        ub = xi * ustr + f0 * c
+        for col in range(0, ntp, CV):
+            for i0 in range(0, nf, 4):
+                i1, i2, i3 = min(i0 + 1, last), min(i0 + 2, last), min(i0 + 3, last)
+                rows4x2(m, mb + i0 * ntp + col, mb + i1 * ntp + col, mb + i2 * ntp + col,
+                        mb + i3 * ntp + col, u, ub + i0 * c, ub + i1 * c, ub + i2 * c, ub + i3 * c,
+                        v, vb + col, ntp, 0, c)
+
+
+@jit(inline="always")
+def _band_outputs(dst, m, i, nf, ntp, r0, r1, tw, oh, ow, add, row0):
+    """Output rows of tile rows r0..r1−1 of the band's filter i (of nf) from m (16, nf·ntp + XI_PAD:
+    M[ξ][i, t] at m[ξ, i·ntp + t]), into dst (a plane,
+    or a band whose row 0 is output row row0): Aᵀ M A per tile, cropped at the map's edge; written
+    or added."""
+    for ty in range(r1 - r0):
+        oy = 2 * (r0 + ty)
+        below = oy + 1 < oh
+        for tx in range(tw):
+            t = i * ntp + ty * tw + tx
+            m0, m1, m2, m3 = m[0, t], m[1, t], m[2, t], m[3, t]
+            m4, m5, m6, m7 = m[4, t], m[5, t], m[6, t], m[7, t]
+            m8, m9, m10, m11 = m[8, t], m[9, t], m[10, t], m[11, t]
+            m12, m13, m14, m15 = m[12, t], m[13, t], m[14, t], m[15, t]
+            a0, a1, a2, a3 = m0 + m4 + m8, m1 + m5 + m9, m2 + m6 + m10, m3 + m7 + m11
+            b0, b1, b2, b3 = m4 - m8 - m12, m5 - m9 - m13, m6 - m10 - m14, m7 - m11 - m15
+            y00, y01 = a0 + a1 + a2, a1 - a2 - a3
+            y10, y11 = b0 + b1 + b2, b1 - b2 - b3
+            ox = 2 * tx
+            right = ox + 1 < ow
+            r = oy - row0
+            if add:
+                dst[r, ox] += y00
+                if right:
+                    dst[r, ox + 1] += y01
+                if below:
+                    dst[r + 1, ox] += y10
+                    if right:
+                        dst[r + 1, ox + 1] += y11
+            else:
+                dst[r, ox] = y00
+                if right:
+                    dst[r, ox + 1] = y01
+                if below:
+                    dst[r + 1, ox] = y10
+                    if right:
+                        dst[r + 1, ox + 1] = y11
+
+
+def groups(n: int, bands: int, threads: int) -> int:
+    """Filter groups per band: enough tasks for two per thread where the map has few bands,
+    each group whole microkernels of 4 filters (each task transforms its band's input again)."""
+    want = -(-2 * threads // bands)
+    return max(1, min(want, n // 4))
+
+
+@pjit
+def conv3x3(y, x, u, ustr, pad, add, k, off, act, p, rows, fgroups):
+    """y (nb, n, oh, ow) = (add: +=) the 3x3 stride-1 correlation of x (nb, c, h, w), padding
+    `pad`, with the filters whose transform U[ξ] (n, c) starts at u[ξ·ustr] (flat, C order), by
+    Winograd F(2x2, 3x3) in bands of `rows` tile rows, each band's filters in `fgroups` tasks.
+    k, off (n,) float64 and `act`, or k empty: each finished band of a plane becomes act(y·k + off)
+    (the inference epilogue). p (nb, n, oh/2, ow/2), with k given and even oh, ow: the band's 2x2
+    maxima go there and y is not written; else an empty 4-d array."""
+    nb, c, h, w = x.shape
+    n, oh, ow = y.shape[1], y.shape[2], y.shape[3]
+    th, tw = (oh + 1) // 2, (ow + 1) // 2
+    bands = (th + rows - 1) // rows
+    fs = (n + 4 * fgroups - 1) // (4 * fgroups) * 4          # filters per group
+    pooled = p.shape[0] > 0
+    for unit in prange(nb * bands * fgroups):
+        band = unit // fgroups
+        f0 = (unit % fgroups) * fs
+        nf = min(n, f0 + fs) - f0
+        if nf <= 0:
+            continue
+        b = band // bands
+        r0 = (band % bands) * rows
+        r1 = min(th, r0 + rows)
+        ntp = ((r1 - r0) * tw + CV - 1) // CV * CV
+        v = np.empty(16 * (c * ntp + XI_PAD), x.dtype)
+        m = np.empty(16 * (nf * ntp + XI_PAD), x.dtype)
+        sp = np.empty((2 * (r1 - r0) + 2, 2 * tw + 2), x.dtype)
+        _band_inputs(v.reshape(16, c * ntp + XI_PAD), x, b, pad, r0, r1, tw, ntp, sp)
+        _band_products(m, u, ustr, v, f0, nf, c, ntp)
+        lo, hi = 2 * r0, min(2 * r1, oh)            # the band's output rows
+        m2 = m.reshape(16, nf * ntp + XI_PAD)
+        band_out = np.empty((hi - lo if pooled else 0, ow), y.dtype)
+        for i in range(nf):
+            f = f0 + i
+            if pooled:
+                _band_outputs(band_out, m2, i, nf, ntp, r0, r1, tw, oh, ow, False, lo)
+                affine_act_row(band_out.reshape(-1), k[f], off[f], act)
+                pool_rows(p[b, f, r0:r1], band_out)
+                continue
+            _band_outputs(y[b, f], m2, i, nf, ntp, r0, r1, tw, oh, ow, add, 0)
+            if k.shape[0]:
+                affine_act_row(y[b, f].reshape(-1)[lo * ow:hi * ow], k[f], off[f], act)
