@@ -164,6 +164,7 @@ def test_layer_winograd_equals_im2col(monkeypatch, padding, bn):
         monkeypatch.setattr(cw, "WINOGRAD_KEEP_VALUES", keep)
         monkeypatch.setattr(cw, "FUSED_BANDS", bands)       # (forward without a kept V, input gradient)
         monkeypatch.setattr(cw, "FUSED_MIN_TILES", 1)
+        monkeypatch.setattr(cw, "FUSED_MIN_BATCH_TILES", 1)
         net = _net(monkeypatch, winograd, padding=padding, bn=bn, chunk=chunk)
         layer = net.layers[0]
         if chunk is not None:

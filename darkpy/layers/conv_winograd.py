@@ -55,21 +55,23 @@ KEPT_FILTER_VALUES = 1 << 23
 #: cifar 0.95x the time, darknet.cfg 0.97x, yolov3-tiny 0.96x, darknet19 level.
 KEEP_ANYWAY = True
 #: Correlations over at most FUSED_MAX_CHANNELS input channels, with at least FUSED_MIN_TILES
-#: tiles per item and FUSED_MIN_BATCH items, run fused (kernels/winograd_fused.py: each band of
-#: tile rows transformed, multiplied by the register-blocked microkernel and finished in one task,
-#: V and M in L2): the forward (but the training forward that keeps V) and the input gradient.
-#: Over few channels the 16 GEMMs have a short shared dimension (K = c), where OpenBLAS runs far
-#: below its rate, and V and M dominate the traffic. Alternating in one process (2 threads, 2-core
-#: AVX-512 Xeon): shapes-tiny's training step at b32 0.93-0.94x the time (its 96 -> 64 layer on
-#: 16x16 0.75x forward), its b64 inference 0.84-0.87x, yolov4-tiny b64 0.93-0.95x (64 -> 64 on
-#: 104x104 0.83x), digits' training step 0.97x; tiny.cfg, darknet.cfg, darknet19, yolov3-tiny,
-#: resnet50 at b64 and darknet19's training level (0.99-1.01 over repeated runs). Over 128 channels
-#: and more, OpenBLAS's GEMMs win: cifar's 128 -> 128 layers on 28x28 at b64 1.21x, yolov3-tiny's
-#: 128 -> 256 and 256 -> 512 layers 1.04-1.14x.
+#: tiles per item and FUSED_MIN_BATCH_TILES in the batch, run fused (kernels/winograd_fused.py:
+#: each band of tile rows transformed, multiplied by the register-blocked microkernel and finished
+#: in one task, V and M in L2): the forward (but the training forward that keeps V) and the input
+#: gradient. Over few channels the 16 GEMMs have a short shared dimension (K = c), where OpenBLAS
+#: runs far below its rate, and V and M dominate the traffic. Alternating in one process (2
+#: threads, 2-core AVX-512 Xeon): shapes-tiny's training step at b32 0.93-0.94x the time (its
+#: 96 -> 64 layer on 16x16 0.75x forward), its b64 inference 0.84-0.87x, yolov4-tiny b64
+#: 0.93-0.95x (64 -> 64 on 104x104 0.83x), digits' training step 0.97x; tiny.cfg, darknet.cfg,
+#: darknet19, yolov3-tiny, resnet50 at b64 and darknet19's training level (0.99-1.01 over repeated
+#: runs). At batch 1 (the 128 tiles leave out 16x16 maps, where shapes-tiny measured 1.09x):
+#: tiny.cfg 0.93x, darknet.cfg and yolov4-tiny 0.96x, darknet19 and resnet50 0.98x, yolov3-tiny
+#: 1.01x. Over 128 channels and more OpenBLAS's GEMMs win: cifar's 128 -> 128 layers on 28x28 at
+#: b64 1.21x, yolov3-tiny's 128 -> 256 and 256 -> 512 layers 1.04-1.14x.
 FUSED_BANDS = True
 FUSED_MAX_CHANNELS = 96
 FUSED_MIN_TILES = 64
-FUSED_MIN_BATCH = 2
+FUSED_MIN_BATCH_TILES = 128
 _NONE = np.empty(0)
 
 
@@ -106,7 +108,7 @@ class WinogradConv:
             wg.filters(u, w)
         th, tw = wg.tiles(*y.shape[2:])
         if (FUSED_BANDS and not keep and c <= FUSED_MAX_CHANNELS and th * tw >= FUSED_MIN_TILES
-                and y.shape[0] >= FUSED_MIN_BATCH):
+                and y.shape[0] * th * tw >= FUSED_MIN_BATCH_TILES):
             k, off, act = epilogue if epilogue else (_NONE, _NONE, 0)
             rows = wf.band_rows(tw, th)
             bands = y.shape[0] * -(-th // rows)
