@@ -7,8 +7,9 @@ gives the layers whose outputs are only read during the forward (by the next lay
 `[route]`/`[shortcut]`/... through `refs`) views of one arena instead, placed so that two outputs
 share memory only when their lives do not overlap:
 
-- layer i's output lives from its own forward to its last reader's (`last_uses`): the next layer,
-  and every layer that names i in `refs`;
+- layer i's output lives from its own forward (a [maxpool]'s: from the layer before's, which may
+  write it, `born`) to its last reader's (`last_uses`): the next layer, and every layer that names
+  i in `refs`;
 - the network's output layer, cost layers, detection heads and any layer the caller names keep
   buffers of their own (they are read after the forward), as do layers that do not own a plain
   output buffer (`Layer.output_shareable` False: composite layers whose output is an inner
@@ -43,6 +44,14 @@ def last_uses(layers: Sequence) -> list[int]:
         for i in getattr(layer, "refs", ()):
             last[i] = max(last[i], j)
     return last
+
+
+def born(layers: Sequence) -> list[int]:
+    """For each layer, the step its output is first written: its own forward, or for a layer the
+    one before may write (`pooled_by`: a [maxpool] that `fuse_pools` may fuse), that one's. A
+    fused convolution writes the pool's output while it still reads its own input, in any order
+    of blocks, so the two must never share memory."""
+    return [i - 1 if i > 0 and hasattr(layer, "pooled_by") else i for i, layer in enumerate(layers)]
 
 
 def kept_layers(layers: Sequence, output_index: int, keep: Iterable[int] = ()) -> set[int]:
@@ -111,7 +120,7 @@ def apply(layers: Sequence, output_index: int, keep: Iterable[int], dtype) -> tu
     kept = kept_layers(layers, output_index, keep)
     last = last_uses(layers)
     sizes = [0 if i in kept or not _plain(layer) else layer.output.size for i, layer in enumerate(layers)]
-    offsets, total = place(sizes, list(range(len(layers))), last)
+    offsets, total = place(sizes, born(layers), last)
     arena = np.empty(max(total, 1), dtype)
     replaced = 0
     for i, layer in enumerate(layers):

@@ -193,3 +193,22 @@ def test_memory_given_back_at_batch_64():
     saved = net.share_outputs()
     after = outputs_plan.output_bytes(net.layers)
     assert before - after == saved and after < 0.55 * before, (before, after)
+
+
+def test_a_fused_pool_never_shares_memory_with_the_convolutions_input():
+    """A convolution that writes the [maxpool] after it writes the pool's output while it still
+    reads its own input (in parallel blocks), so the plan counts the pool's output as born at the
+    convolution: the two never overlap, and the outputs equal the unshared network's."""
+    text = SMALL.replace("[convolutional]\nfilters=8\nsize=3\npad=1\nactivation=leaky\n[maxpool]",
+                         "[convolutional]\nfilters=8\nsize=3\npad=1\nactivation=leaky\n"
+                         "[convolutional]\nfilters=8\nsize=3\npad=1\nactivation=leaky\n[maxpool]", 1)
+    net = network_from_text(text, batch=2)
+    x = np.random.default_rng(0).random((2, 3, 16, 16), dtype=np.float32)
+    ref = net.predict(x)
+    net.share_outputs()
+    conv1, pool = net.layers[1], net.layers[2]
+    assert conv1.pool_into is pool                              # the pool is fused
+    assert np.shares_memory(net.layers[0].output, net._arena)   # the convolution's input is shared
+    assert not np.shares_memory(net.layers[0].output, pool.output)
+    assert outputs_plan.born(net.layers)[2] == 1
+    assert np.allclose(net.predict(x), ref, rtol=1e-5, atol=1e-6)
