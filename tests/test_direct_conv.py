@@ -155,7 +155,7 @@ def _net(monkeypatch, direct, dtype=np.float64, **kw):
 @pytest.mark.parametrize("own_input_grad", [True, False])
 @pytest.mark.parametrize("kw", [dict(), dict(bn=1), dict(s=2, pad=1), dict(k=1, pad=0, c=1),
                                 dict(k=5, pad=2, s=2, c=4), dict(c=32, n=8, h=32, w=33, bn=1),
-                                dict(pad=0), dict(k=5, pad=1, c=4)])
+                                dict(pad=0), dict(k=5, pad=1, c=4), dict(k=1, pad=1, c=2)])
 def test_layer_direct_equals_im2col(monkeypatch, kw, own_input_grad):
     """Output, input delta (stride 1: the direct kernel on the turned filters, with
     DIRECT_INPUT_GRAD; else col2im's) and weight/bias/scale gradients of the direct path equal

@@ -489,7 +489,8 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
                                 dk.block_rows(oh, ow, self.size, self.stride_x))
             if prev is None:
                 return
-            if DIRECT_INPUT_GRAD and self.stride_x == self.stride_y == 1:
+            if (DIRECT_INPUT_GRAD and self.stride_x == self.stride_y == 1
+                    and self.padding < self.size):
                 self._direct_input_grad(d.reshape(self.batch, self.n, oh, ow), prev)
                 return
         if self.rows_gemm:
