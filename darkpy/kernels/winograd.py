@@ -135,18 +135,55 @@ def inputs(v, x, pad):
                 r2 = p[2 * ty + 2]
                 r3 = p[2 * ty + 3]
                 for tx in range(tw):
-                    j = 2 * tx
-                    # Bᵀ d, column by column: s{j}{i} is its row i, column j
-                    s00, s01, s02, s03 = _bt_col(r0[j], r1[j], r2[j], r3[j])
-                    s10, s11, s12, s13 = _bt_col(r0[j + 1], r1[j + 1], r2[j + 1], r3[j + 1])
-                    s20, s21, s22, s23 = _bt_col(r0[j + 2], r1[j + 2], r2[j + 2], r3[j + 2])
-                    s30, s31, s32, s33 = _bt_col(r0[j + 3], r1[j + 3], r2[j + 3], r3[j + 3])
-                    # (Bᵀ d) B, row by row: row i gives V[4·i .. 4·i + 3]
-                    v[0, t], v[1, t], v[2, t], v[3, t] = _bt_col(s00, s10, s20, s30)
-                    v[4, t], v[5, t], v[6, t], v[7, t] = _bt_col(s01, s11, s21, s31)
-                    v[8, t], v[9, t], v[10, t], v[11, t] = _bt_col(s02, s12, s22, s32)
-                    v[12, t], v[13, t], v[14, t], v[15, t] = _bt_col(s03, s13, s23, s33)
+                    tile_inputs(v, t, r0, r1, r2, r3, 2 * tx)
                     t += 1
+
+
+@jit(inline="always")
+def tile_inputs(v, t, r0, r1, r2, r3, j):
+    """V = Bᵀ d B of the tile whose 4x4 patch d is columns j..j+3 of the rows r0..r3, into
+    v[0..15, t]."""
+    # Bᵀ d, column by column: s{j}{i} is its row i, column j
+    s00, s01, s02, s03 = _bt_col(r0[j], r1[j], r2[j], r3[j])
+    s10, s11, s12, s13 = _bt_col(r0[j + 1], r1[j + 1], r2[j + 1], r3[j + 1])
+    s20, s21, s22, s23 = _bt_col(r0[j + 2], r1[j + 2], r2[j + 2], r3[j + 2])
+    s30, s31, s32, s33 = _bt_col(r0[j + 3], r1[j + 3], r2[j + 3], r3[j + 3])
+    # (Bᵀ d) B, row by row: row i gives V[4·i .. 4·i + 3]
+    v[0, t], v[1, t], v[2, t], v[3, t] = _bt_col(s00, s10, s20, s30)
+    v[4, t], v[5, t], v[6, t], v[7, t] = _bt_col(s01, s11, s21, s31)
+    v[8, t], v[9, t], v[10, t], v[11, t] = _bt_col(s02, s12, s22, s32)
+    v[12, t], v[13, t], v[14, t], v[15, t] = _bt_col(s03, s13, s23, s33)
+
+
+@jit(inline="always")
+def tile_outputs(m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15):
+    """Aᵀ m A of one tile's 16 products (ξ = 4·i + j): its 2x2 outputs y00, y01, y10, y11."""
+    # Aᵀ m: two rows of 4, then (Aᵀ m) A: two columns
+    a0, a1, a2, a3 = m0 + m4 + m8, m1 + m5 + m9, m2 + m6 + m10, m3 + m7 + m11
+    b0, b1, b2, b3 = m4 - m8 - m12, m5 - m9 - m13, m6 - m10 - m14, m7 - m11 - m15
+    return a0 + a1 + a2, a1 - a2 - a3, b0 + b1 + b2, b1 - b2 - b3
+
+
+@jit(inline="always")
+def store_tile(dst, r, c, y00, y01, y10, y11, right, below, add):
+    """dst[r:r+2, c:c+2] := (add: +=) a tile's outputs, the right column only when `right`, the
+    lower row only when `below` (the map's last tiles may be half used)."""
+    if add:
+        dst[r, c] += y00
+        if right:
+            dst[r, c + 1] += y01
+        if below:
+            dst[r + 1, c] += y10
+            if right:
+                dst[r + 1, c + 1] += y11
+    else:
+        dst[r, c] = y00
+        if right:
+            dst[r, c + 1] = y01
+        if below:
+            dst[r + 1, c] = y10
+            if right:
+                dst[r + 1, c + 1] = y11
 
 
 @jit(inline="always")
@@ -156,39 +193,13 @@ def _output_plane(yf, m, f, t, add):
     tw = (ow + 1) // 2
     for ty in range((oh + 1) // 2):
         for tx in range(tw):
-            # Aᵀ m: two rows of 4, then (Aᵀ m) A: two columns
-            a0 = m[0, f, t] + m[4, f, t] + m[8, f, t]
-            a1 = m[1, f, t] + m[5, f, t] + m[9, f, t]
-            a2 = m[2, f, t] + m[6, f, t] + m[10, f, t]
-            a3 = m[3, f, t] + m[7, f, t] + m[11, f, t]
-            b0 = m[4, f, t] - m[8, f, t] - m[12, f, t]
-            b1 = m[5, f, t] - m[9, f, t] - m[13, f, t]
-            b2 = m[6, f, t] - m[10, f, t] - m[14, f, t]
-            b3 = m[7, f, t] - m[11, f, t] - m[15, f, t]
-            y00 = a0 + a1 + a2
-            y01 = a1 - a2 - a3
-            y10 = b0 + b1 + b2
-            y11 = b1 - b2 - b3
+            y00, y01, y10, y11 = tile_outputs(
+                m[0, f, t], m[1, f, t], m[2, f, t], m[3, f, t], m[4, f, t], m[5, f, t], m[6, f, t],
+                m[7, f, t], m[8, f, t], m[9, f, t], m[10, f, t], m[11, f, t], m[12, f, t],
+                m[13, f, t], m[14, f, t], m[15, f, t])
             oy = 2 * ty
             ox = 2 * tx
-            right = ox + 1 < ow
-            below = oy + 1 < oh
-            if add:
-                yf[oy, ox] += y00
-                if right:
-                    yf[oy, ox + 1] += y01
-                if below:
-                    yf[oy + 1, ox] += y10
-                    if right:
-                        yf[oy + 1, ox + 1] += y11
-            else:
-                yf[oy, ox] = y00
-                if right:
-                    yf[oy, ox + 1] = y01
-                if below:
-                    yf[oy + 1, ox] = y10
-                    if right:
-                        yf[oy + 1, ox + 1] = y11
+            store_tile(yf, oy, ox, y00, y01, y10, y11, ox + 1 < ow, oy + 1 < oh, add)
             t += 1
 
 

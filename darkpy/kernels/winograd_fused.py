@@ -25,7 +25,7 @@ from . import jit, pjit
 from .bn import affine_act_row
 from .microgemm import CV, rows4x2
 from .pool2x2 import pool_rows
-from .winograd import _bt_col
+from .winograd import store_tile, tile_inputs, tile_outputs
 
 #: Values between two of a band's 16 matrices of V (and of M) beyond the matrix itself: without
 #: it the 16 matrices are often a multiple of 4 KiB apart, and the transforms' 16 streams of
@@ -65,15 +65,7 @@ def _band_inputs(v, x, b, pad, r0, r1, tw, ntp, sp):
         for ty in range(r1 - r0):
             q0, q1, q2, q3 = sp[2 * ty], sp[2 * ty + 1], sp[2 * ty + 2], sp[2 * ty + 3]
             for tx in range(tw):
-                j = 2 * tx
-                s00, s01, s02, s03 = _bt_col(q0[j], q1[j], q2[j], q3[j])
-                s10, s11, s12, s13 = _bt_col(q0[j + 1], q1[j + 1], q2[j + 1], q3[j + 1])
-                s20, s21, s22, s23 = _bt_col(q0[j + 2], q1[j + 2], q2[j + 2], q3[j + 2])
-                s30, s31, s32, s33 = _bt_col(q0[j + 3], q1[j + 3], q2[j + 3], q3[j + 3])
-                v[0, t], v[1, t], v[2, t], v[3, t] = _bt_col(s00, s10, s20, s30)
-                v[4, t], v[5, t], v[6, t], v[7, t] = _bt_col(s01, s11, s21, s31)
-                v[8, t], v[9, t], v[10, t], v[11, t] = _bt_col(s02, s12, s22, s32)
-                v[12, t], v[13, t], v[14, t], v[15, t] = _bt_col(s03, s13, s23, s33)
+                tile_inputs(v, t, q0, q1, q2, q3, 2 * tx)
                 t += 1
         for xi in range(16):
             for t in range(ch * ntp + nt, (ch + 1) * ntp):       # (V[ξ][ch] past the tiles)
@@ -100,42 +92,19 @@ def _band_products(m, u, ustr, v, f0, nf, c, ntp):
 
 @jit(inline="always")
 def _band_outputs(dst, m, i, nf, ntp, r0, r1, tw, oh, ow, add, row0):
-    """Output rows of tile rows r0..r1−1 of the band's filter i (of nf) from m (16, nf·ntp + XI_PAD:
-    M[ξ][i, t] at m[ξ, i·ntp + t]), into dst (a plane,
-    or a band whose row 0 is output row row0): Aᵀ M A per tile, cropped at the map's edge; written
-    or added."""
+    """Output rows of tile rows r0..r1−1 of the band's filter i (of nf) from m (16, nf·ntp +
+    XI_PAD: M[ξ][i, t] at m[ξ, i·ntp + t]), into dst (a plane, or a band whose row 0 is output row
+    row0): Aᵀ M A per tile, cropped at the map's edge; written or added."""
     for ty in range(r1 - r0):
         oy = 2 * (r0 + ty)
         below = oy + 1 < oh
         for tx in range(tw):
             t = i * ntp + ty * tw + tx
-            m0, m1, m2, m3 = m[0, t], m[1, t], m[2, t], m[3, t]
-            m4, m5, m6, m7 = m[4, t], m[5, t], m[6, t], m[7, t]
-            m8, m9, m10, m11 = m[8, t], m[9, t], m[10, t], m[11, t]
-            m12, m13, m14, m15 = m[12, t], m[13, t], m[14, t], m[15, t]
-            a0, a1, a2, a3 = m0 + m4 + m8, m1 + m5 + m9, m2 + m6 + m10, m3 + m7 + m11
-            b0, b1, b2, b3 = m4 - m8 - m12, m5 - m9 - m13, m6 - m10 - m14, m7 - m11 - m15
-            y00, y01 = a0 + a1 + a2, a1 - a2 - a3
-            y10, y11 = b0 + b1 + b2, b1 - b2 - b3
+            y00, y01, y10, y11 = tile_outputs(
+                m[0, t], m[1, t], m[2, t], m[3, t], m[4, t], m[5, t], m[6, t], m[7, t], m[8, t],
+                m[9, t], m[10, t], m[11, t], m[12, t], m[13, t], m[14, t], m[15, t])
             ox = 2 * tx
-            right = ox + 1 < ow
-            r = oy - row0
-            if add:
-                dst[r, ox] += y00
-                if right:
-                    dst[r, ox + 1] += y01
-                if below:
-                    dst[r + 1, ox] += y10
-                    if right:
-                        dst[r + 1, ox + 1] += y11
-            else:
-                dst[r, ox] = y00
-                if right:
-                    dst[r, ox + 1] = y01
-                if below:
-                    dst[r + 1, ox] = y10
-                    if right:
-                        dst[r + 1, ox + 1] = y11
+            store_tile(dst, oy - row0, ox, y00, y01, y10, y11, ox + 1 < ow, below, add)
 
 
 def groups(n: int, bands: int, threads: int) -> int:
