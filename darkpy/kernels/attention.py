@@ -3,8 +3,8 @@ weighted sum of the values in one pass per (sequence, head), and the backward th
 
 At a Transformer's sizes a head's products are small (tiny-gpt: 64 × 64 × 32) and each goes to
 BLAS as one GEMM of a stack, which spends more time starting up than multiplying. Here every
-product is a register-blocked SIMD microkernel (`microgemm.rows4x2`: 4 rows × 2 vectors, eight vector
-accumulators) over a head's rows, read in place from the layer's time-major row buffers (row
+product is a register-blocked SIMD microkernel (`microgemm.rows4x2`: 4 rows × 2 vectors, eight
+vector accumulators) over a head's rows, read in place from the layer's time-major row buffers (row
 t·S + s is step t of sequence s), with the causal rows cut at the query, so half of a causal head's
 products are never computed. One unit of parallel work is one (sequence, head).
 
@@ -14,8 +14,8 @@ sum the value rows in place (R = V); the backward's four products use the score 
 transpose and the weights' transpose the same way. A product's columns are whole pairs of vectors:
 the head size must be a multiple of 2·LANES (`fits`); the layer takes its GEMM path otherwise.
 
-The softmax (forward and backward) is the layer's own row kernel (`_softmax_row`,
-`_softmax_grad_row`), so masks, all-masked rows and exact zeros behave as on the GEMM path.
+The softmax (forward and backward) is the row kernel the GEMM path runs too (`softmax_row`,
+`softmax_grad_row`, below), so masks, all-masked rows and exact zeros behave the same.
 """
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ import numpy as np
 from numba import prange
 
 from . import jit, pjit
-from .microgemm import CV, rows4x2
 from . import vecmath as vm
+from .microgemm import CV, rows4x2
+
 
 def fits(head_size: int) -> bool:
     """True when a head of `head_size` columns is whole microkernel column pairs."""
