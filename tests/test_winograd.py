@@ -80,14 +80,15 @@ def test_kernels_match_direct_correlation(shape):
     assert np.abs(winograd_correlation(x32, w32, pad) - ref).max() <= 1e-6 * scale
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 5, 5, 5, 1, 1, 1), (1, 5, 13, 6, 7, 1, 2, 3), (3, 4, 6, 7, 4, 0, 1, 2),
-                                   (2, 3, 3, 4, 4, 2, 1, 1), (1, 2, 2, 1, 1, 1, 1, 1), (2, 8, 9, 9, 10, 2, 2, 2),
-                                   (2, 6, 8, 12, 12, 1, 6, 1)])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 5, 5, 1, 3, 1), (1, 5, 13, 6, 7, 1, 2, 3), (3, 4, 6, 7, 4, 0, 3, 2),
+                                   (2, 3, 3, 4, 4, 2, 3, 1), (1, 2, 2, 1, 1, 1, 1, 1), (2, 8, 9, 9, 10, 2, 4, 2),
+                                   (2, 6, 8, 12, 12, 1, 1, 1), (1, 4, 16, 20, 20, 1, 1, 1)])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_fused_bands_match_the_direct_correlation(shape, dtype):
-    """winograd_fused.conv3x3 (bands of `rows` tile rows, filters in `fgroups` groups) written,
-    added, with the inference epilogue and with the 2x2 maxpool, against the reference."""
-    nb, c, n, h, w, pad, rows, fgroups = shape
+    """winograd_fused.conv3x3 (`bands` bands per item, filters in `fgroups` groups) written,
+    added, with the inference epilogue and with the 2x2 maxpool, against the reference: bands of
+    unequal rows, products one and two vectors wide, filters in eights and one by one."""
+    nb, c, n, h, w, pad, bands, fgroups = shape
     rng = np.random.default_rng(sum(shape))
     x = rng.standard_normal((nb, c, h, w)).astype(dtype)
     wt = rng.standard_normal((n, c, 3, 3)).astype(dtype)
@@ -99,7 +100,7 @@ def test_fused_bands_match_the_direct_correlation(shape, dtype):
 
     def run(y, add=False, k=cw._NONE, off=cw._NONE, act=0, p=None):
         wf.conv3x3(y, x, u.reshape(-1)[:16 * (n * c + cw.XI_PAD) - cw.XI_PAD], n * c + cw.XI_PAD, pad,
-                   add, k, off, act, no_pool(dtype) if p is None else p, rows, fgroups)
+                   add, k, off, act, no_pool(dtype) if p is None else p, bands, fgroups)
         return y
 
     y = run(np.full(ref.shape, np.nan, dtype))
@@ -120,9 +121,22 @@ def test_fused_bands_match_the_direct_correlation(shape, dtype):
 
 
 def test_fused_band_groups_rule():
-    """Enough tasks for two per thread on a map of few bands; whole groups of 4 filters."""
+    """Enough tasks for two per thread on a map of few bands; whole groups of 8 filters; bands
+    within half an L2 (fewer rows over more input channels), their rows evened out."""
     assert wf.groups(512, 1, 2) == 4 and wf.groups(512, 8, 2) == 1 and wf.groups(6, 1, 4) == 1
-    assert wf.band_rows(13, 13) == 9 and wf.band_rows(200, 100) == 1 and wf.band_rows(4, 4) == 4
+    assert wf.band_rows(13, 13, 32, 32) == 9 and wf.band_rows(200, 100, 32, 32) == 1
+    assert wf.band_rows(14, 14, 128, 128) == 7 and wf.band_rows(13, 13, 512, 512) == 2
+    assert wf.band_count(13, 13, 32, 32, 1, 2) == 2 and wf.band_count(13, 13, 512, 512, 1, 2) == 8
+    assert wf.band_count(13, 13, 512, 512, 1, 1) == 7 and wf.band_count(13, 13, 512, 512, 64, 2) == 7
+    assert wf.band_count(3, 3, 512, 512, 1, 2) == 2 and wf.band_count(3, 3, 512, 512, 1, 4) == 3
+
+
+def test_fused_path_rule():
+    """Narrow correlations take the fused bands on enough tiles; wide ones only in small batches
+    (where the chunked GEMMs are narrow) and while U is small enough for every band to read."""
+    assert cw._fused(64, 128, 64, 64) and not cw._fused(64, 128, 16, 128)
+    assert cw._fused(128, 128, 196, 1) and cw._fused(256, 256, 49, 1) and cw._fused(64, 128, 16, 64)
+    assert not cw._fused(128, 128, 196, 64) and not cw._fused(384, 256, 169, 1)
 
 
 CFG = """[net]
@@ -164,7 +178,6 @@ def test_layer_winograd_equals_im2col(monkeypatch, padding, bn):
         monkeypatch.setattr(cw, "WINOGRAD_KEEP_VALUES", keep)
         monkeypatch.setattr(cw, "FUSED_BANDS", bands)       # (forward without a kept V, input gradient)
         monkeypatch.setattr(cw, "FUSED_MIN_TILES", 1)
-        monkeypatch.setattr(cw, "FUSED_MIN_BATCH_TILES", 1)
         net = _net(monkeypatch, winograd, padding=padding, bn=bn, chunk=chunk)
         layer = net.layers[0]
         if chunk is not None:

@@ -3,18 +3,21 @@ transform of one band in one task, in the task's own buffers.
 
 kernels/winograd.py runs the three steps over a whole chunk of items, each through memory: V and M
 (4x the input and the output) leave the cache between the steps, and the products run as BLAS
-calls on threads of their own, between two parallel regions of numba's. Here one task (a band of
-BAND_TILES tiles or so: whole tile rows of one item) transforms its patches into V (16 matrices
-c x tiles), multiplies them by the filter transform U (16 matrices n x c, made once per call or
-kept by the layer) into M with the register-blocked microkernel (kernels/microgemm.py), and turns
-M into its rows of the output at once, with the inference epilogue (affine + activation) and the
-2x2 maxpool when asked. V and M of a band stay in the core's L2 cache; the threads never leave
-numba's pool. The arithmetic is kernels/winograd.py's (same transforms), only the products sum in
-another order. A map of few bands (13x13 at batch 1) splits each band's filters into groups
+calls on threads of their own, between two parallel regions of numba's. Here one task (a band:
+whole tile rows of one item, as many as keep its V within half an L2, `band_rows`) transforms its
+patches into V (16 matrices c x tiles), multiplies them by the filter transform U (16 matrices
+n x c, made once per call or kept by the layer) with the register-blocked microkernels
+(kernels/microgemm.py: eight filters x two or one vectors of tiles) into M, FILTER_BLOCK filters
+at a time, and turns each block of M into its rows of the output at once, with the inference
+epilogue (affine + activation) and the 2x2 maxpool when asked. V stays in the core's L2, M in
+L1-L2; the threads never leave numba's pool. The arithmetic is kernels/winograd.py's (same
+transforms), only the products sum in another order. A batch of few bands (13x13 at batch 1) gets
+a whole number of bands per thread (`band_count`), and splits each band's filters into groups
 (`groups`), each group's task transforming the band's input again, so both threads have work.
 
-The layer takes it where the products' shared dimension (the input channels) is short: see
-`layers/conv_winograd.py`, FUSED_BANDS, for where it measured faster and where BLAS stays ahead.
+The layer takes it where the products' shared dimension (the input channels) is short, and for
+wider layers in small batches: see `layers/conv_winograd.py`, FUSED_BANDS, for where it measured
+faster and where BLAS stays ahead.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from numba import prange
 
 from . import jit, pjit
 from .bn import affine_act_row
-from .microgemm import CV, rows4x2
+from . import simd
+from .microgemm import CV, rows8x1, rows8x2
 from .pool2x2 import pool_rows
 from .winograd import store_tile, tile_inputs, tile_outputs
 
@@ -31,14 +35,31 @@ from .winograd import store_tile, tile_inputs, tile_outputs
 #: it the 16 matrices are often a multiple of 4 KiB apart, and the transforms' 16 streams of
 #: stores and loads fall into the same cache sets.
 XI_PAD = 16
-#: Tiles per band (whole tile rows, at least one): V and M of a band are 16·(c + n)·tiles values,
-#: 2 MiB for 128 -> 128 channels at 128 tiles.
+#: Tiles per band (whole tile rows, at least one): at most BAND_TILES, and at most as many as keep
+#: V and M of a band, 16·(c + n)·tiles values, within BAND_VALUES (1 MiB in float32, half a core's
+#: L2: 128 tiles up to 64 -> 64 channels, 64 at 128 -> 128, 32 at 256 -> 256).
 BAND_TILES = 128
+BAND_VALUES = 1 << 18
+#: Filters whose products a band computes and finishes at a time: M holds 16·FILTER_BLOCK·tiles
+#: values (128 KiB at 64 tiles), so only V sets a band's size.
+FILTER_BLOCK = 32
 
 
-def band_rows(tiles_w: int, tiles_h: int) -> int:
-    """Tile rows per band for a map of tiles_h x tiles_w tiles."""
-    return max(1, min(tiles_h, BAND_TILES // max(tiles_w, 1)))
+def band_count(tiles_w: int, tiles_h: int, c: int, n: int, items: int, threads: int) -> int:
+    """Bands per item for a map of tiles_h x tiles_w tiles, c input and n output channels: the
+    fewest with at most the rows `band_rows` allows, and where the batch gives few bands, a whole
+    number of bands per thread (13 tile rows at batch 1 as 5 bands leave one thread 3 of them)."""
+    bands = -(-tiles_h // band_rows(tiles_w, tiles_h, c, n))
+    if items * bands < 8 * threads:
+        while (items * bands) % threads and bands < tiles_h:
+            bands += 1
+    return bands
+
+
+def band_rows(tiles_w: int, tiles_h: int, c: int, n: int) -> int:
+    """The most tile rows a band of a tiles_h x tiles_w map may have over c -> n channels."""
+    tiles = min(BAND_TILES, BAND_VALUES // (16 * max(c + min(n, FILTER_BLOCK), 1)))
+    return max(1, min(tiles_h, tiles // max(tiles_w, 1)))
 
 
 @jit(inline="always")
@@ -75,19 +96,29 @@ def _band_inputs(v, x, b, pad, r0, r1, tw, ntp, sp):
 @jit(inline="always")
 def _band_products(m, u, ustr, v, f0, nf, c, ntp):
     """M[ξ] (nf, ntp) = U[ξ] (filters f0..f0+nf−1, c) @ V[ξ] (c, ntp) for the 16 ξ: M[ξ][i, t] at
-    m[ξ·(nf·ntp + XI_PAD) + i·ntp + t], U[ξ][f, ch] at u[ξ·ustr + f·c + ch]. Column pairs outside,
-    filters inside: a pair's c rows of V stay in L1."""
-    last = nf - 1
+    m[ξ·(nf·ntp + XI_PAD) + i·ntp + t], U[ξ][f, ch] at u[ξ·ustr + f·c + ch]; ntp a multiple of
+    LANES. Column blocks outside, filters inside: a block's c rows of V stay in L1. Eight filters
+    at a time; the last nf % 8 one at a time (each as eight equal rows: correct, not fast; the
+    layer's filter groups are whole eights)."""
     for xi in range(16):
         vb = xi * (c * ntp + XI_PAD)
         mb = xi * (nf * ntp + XI_PAD)
         ub = xi * ustr + f0 * c
         for col in range(0, ntp, CV):
-            for i0 in range(0, nf, 4):
-                i1, i2, i3 = min(i0 + 1, last), min(i0 + 2, last), min(i0 + 3, last)
-                rows4x2(m, mb + i0 * ntp + col, mb + i1 * ntp + col, mb + i2 * ntp + col,
-                        mb + i3 * ntp + col, u, ub + i0 * c, ub + i1 * c, ub + i2 * c, ub + i3 * c,
-                        v, vb + col, ntp, 0, c)
+            for i0 in range(0, nf - 7, 8):
+                _rows8(m, mb + i0 * ntp + col, ntp, u, ub + i0 * c, c, v, vb + col, ntp, c,
+                       ntp - col)
+            for i in range(nf // 8 * 8, nf):
+                _rows8(m, mb + i * ntp + col, 0, u, ub + i * c, 0, v, vb + col, ntp, c, ntp - col)
+
+
+@jit(inline="always")
+def _rows8(m, ob, ostr, u, lb, lstr, v, r0, rstr, c, cols):
+    """Eight rows of a band product over two vectors of columns, or one where `cols` < CV."""
+    if cols >= CV:
+        rows8x2(m, ob, ostr, u, lb, lstr, v, r0, rstr, 0, c)
+    else:
+        rows8x1(m, ob, ostr, u, lb, lstr, v, r0, rstr, 0, c)
 
 
 @jit(inline="always")
@@ -109,24 +140,24 @@ def _band_outputs(dst, m, i, nf, ntp, r0, r1, tw, oh, ow, add, row0):
 
 def groups(n: int, bands: int, threads: int) -> int:
     """Filter groups per band: enough tasks for two per thread where the map has few bands,
-    each group whole microkernels of 4 filters (each task transforms its band's input again)."""
+    each group whole microkernels of 8 filters (each task transforms its band's input again)."""
     want = -(-2 * threads // bands)
-    return max(1, min(want, n // 4))
+    return max(1, min(want, n // 8))
 
 
 @pjit
-def conv3x3(y, x, u, ustr, pad, add, k, off, act, p, rows, fgroups):
+def conv3x3(y, x, u, ustr, pad, add, k, off, act, p, bands, fgroups):
     """y (nb, n, oh, ow) = (add: +=) the 3x3 stride-1 correlation of x (nb, c, h, w), padding
     `pad`, with the filters whose transform U[ξ] (n, c) starts at u[ξ·ustr] (flat, C order), by
-    Winograd F(2x2, 3x3) in bands of `rows` tile rows, each band's filters in `fgroups` tasks.
+    Winograd F(2x2, 3x3) in `bands` bands of tile rows per item (their rows differing by one at
+    most), each band's filters in `fgroups` tasks.
     k, off (n,) float64 and `act`, or k empty: each finished band of a plane becomes act(y·k + off)
     (the inference epilogue). p (nb, n, oh/2, ow/2), with k given and even oh, ow: the band's 2x2
     maxima go there and y is not written; else an empty 4-d array."""
     nb, c, h, w = x.shape
     n, oh, ow = y.shape[1], y.shape[2], y.shape[3]
     th, tw = (oh + 1) // 2, (ow + 1) // 2
-    bands = (th + rows - 1) // rows
-    fs = (n + 4 * fgroups - 1) // (4 * fgroups) * 4          # filters per group
+    fs = (n + 8 * fgroups - 1) // (8 * fgroups) * 8          # filters per group
     pooled = p.shape[0] > 0
     for unit in prange(nb * bands * fgroups):
         band = unit // fgroups
@@ -135,24 +166,26 @@ def conv3x3(y, x, u, ustr, pad, add, k, off, act, p, rows, fgroups):
         if nf <= 0:
             continue
         b = band // bands
-        r0 = (band % bands) * rows
-        r1 = min(th, r0 + rows)
-        ntp = ((r1 - r0) * tw + CV - 1) // CV * CV
+        r0 = (band % bands) * th // bands
+        r1 = (band % bands + 1) * th // bands
+        ntp = ((r1 - r0) * tw + simd.LANES - 1) // simd.LANES * simd.LANES
         v = np.empty(16 * (c * ntp + XI_PAD), x.dtype)
-        m = np.empty(16 * (nf * ntp + XI_PAD), x.dtype)
+        m = np.empty(16 * (FILTER_BLOCK * ntp + XI_PAD), x.dtype)
         sp = np.empty((2 * (r1 - r0) + 2, 2 * tw + 2), x.dtype)
         _band_inputs(v.reshape(16, c * ntp + XI_PAD), x, b, pad, r0, r1, tw, ntp, sp)
-        _band_products(m, u, ustr, v, f0, nf, c, ntp)
         lo, hi = 2 * r0, min(2 * r1, oh)            # the band's output rows
-        m2 = m.reshape(16, nf * ntp + XI_PAD)
         band_out = np.empty((hi - lo if pooled else 0, ow), y.dtype)
-        for i in range(nf):
-            f = f0 + i
-            if pooled:
-                _band_outputs(band_out, m2, i, nf, ntp, r0, r1, tw, oh, ow, False, lo)
-                affine_act_row(band_out.reshape(-1), k[f], off[f], act)
-                pool_rows(p[b, f, r0:r1], band_out)
-                continue
-            _band_outputs(y[b, f], m2, i, nf, ntp, r0, r1, tw, oh, ow, add, 0)
-            if k.shape[0]:
-                affine_act_row(y[b, f].reshape(-1)[lo * ow:hi * ow], k[f], off[f], act)
+        for fb in range(f0, f0 + nf, FILTER_BLOCK):
+            nfb = min(FILTER_BLOCK, f0 + nf - fb)
+            _band_products(m, u, ustr, v, fb, nfb, c, ntp)
+            m2 = m[:16 * (nfb * ntp + XI_PAD)].reshape(16, nfb * ntp + XI_PAD)
+            for i in range(nfb):
+                f = fb + i
+                if pooled:
+                    _band_outputs(band_out, m2, i, nfb, ntp, r0, r1, tw, oh, ow, False, lo)
+                    affine_act_row(band_out.reshape(-1), k[f], off[f], act)
+                    pool_rows(p[b, f, r0:r1], band_out)
+                    continue
+                _band_outputs(y[b, f], m2, i, nfb, ntp, r0, r1, tw, oh, ow, add, 0)
+                if k.shape[0]:
+                    affine_act_row(y[b, f].reshape(-1)[lo * ow:hi * ow], k[f], off[f], act)

@@ -54,24 +54,30 @@ KEPT_FILTER_VALUES = 1 << 23
 #: Alternating in one process (2 threads, 2-core Xeon, AVX-512), the whole forward at batch 1:
 #: cifar 0.95x the time, darknet.cfg 0.97x, yolov3-tiny 0.96x, darknet19 level.
 KEEP_ANYWAY = True
-#: Correlations over at most FUSED_MAX_CHANNELS input channels, with at least FUSED_MIN_TILES
-#: tiles per item and FUSED_MIN_BATCH_TILES in the batch, run fused (kernels/winograd_fused.py:
-#: each band of tile rows transformed, multiplied by the register-blocked microkernel and finished
-#: in one task, V and M in L2): the forward (but the training forward that keeps V) and the input
-#: gradient. Over few channels the 16 GEMMs have a short shared dimension (K = c), where OpenBLAS
-#: runs far below its rate, and V and M dominate the traffic. Alternating in one process (2
-#: threads, 2-core AVX-512 Xeon): shapes-tiny's training step at b32 0.93-0.94x the time (its
-#: 96 -> 64 layer on 16x16 0.75x forward), its b64 inference 0.84-0.87x, yolov4-tiny b64
-#: 0.93-0.95x (64 -> 64 on 104x104 0.83x), digits' training step 0.97x; tiny.cfg, darknet.cfg,
-#: darknet19, yolov3-tiny, resnet50 at b64 and darknet19's training level (0.99-1.01 over repeated
-#: runs). At batch 1 (the 128 tiles leave out 16x16 maps, where shapes-tiny measured 1.09x):
-#: tiny.cfg 0.93x, darknet.cfg and yolov4-tiny 0.96x, darknet19 and resnet50 0.98x, yolov3-tiny
-#: 1.01x. Over 128 channels and more OpenBLAS's GEMMs win: cifar's 128 -> 128 layers on 28x28 at
-#: b64 1.21x, yolov3-tiny's 128 -> 256 and 256 -> 512 layers 1.04-1.14x.
+#: Fused bands (kernels/winograd_fused.py: each band of tile rows transformed, multiplied by the
+#: register-blocked microkernel and finished in one task, V in L2) for the forward (but the
+#: training forward that keeps V) and the input gradient of two kinds of correlation (`_fused`):
+#: - over at most FUSED_MAX_CHANNELS input channels with at least FUSED_MIN_TILES tiles per item,
+#:   at any batch: the 16 GEMMs' shared dimension (K = c) is short, where OpenBLAS runs far below
+#:   its rate, and V and M dominate the traffic. Alternating in one process (2 threads, 2-core
+#:   AVX-512 Xeon): shapes-tiny's training step at b32 0.93-0.94x the time (its 96 -> 64 layer on
+#:   16x16 0.75x forward), its b64 inference 0.84-0.87x, yolov4-tiny b64 0.93-0.95x, digits'
+#:   training step 0.97x; tiny.cfg, darknet.cfg, darknet19, yolov3-tiny, resnet50 at b64 level.
+#: - with a filter transform of at most FUSED_WIDE_MAX_WEIGHTS values per ξ (n·c: 256 -> 256) in
+#:   batches of at most FUSED_WIDE_MAX_TILES tiles: there the chunked path's GEMMs are as narrow as
+#:   the batch (N = 49-196 at batch 1: OpenBLAS at 120-185 GFLOP/s on 2 threads), the microkernel
+#:   is not. Against the chunked path (same machine, whole forward or step): batch 1 cifar 0.86x
+#:   the time, tiny.cfg 0.88x, darknet.cfg 0.9x, yolov3-tiny 0.96x, resnet50 0.97x, darknet19 and
+#:   yolov4-tiny level; 1024 tiles against 256: shapes-tiny b64 0.95x, its training 0.98x, digits'
+#:   training 0.96x, darknet.cfg and yolov4-tiny b1 0.96-0.97x. Every band reads all of U, so wider
+#:   layers stay chunked (yolov3-tiny's 384 -> 256 on 26x26 at batch 1: 1.42x; a limit of 512 ->
+#:   512 lost 5 % on yolov3-tiny), and so do larger batches of wide layers, whose GEMMs are wide
+#:   (cifar's 128 -> 256 on 14x14 at b64: 1.06-1.13x).
 FUSED_BANDS = True
 FUSED_MAX_CHANNELS = 96
 FUSED_MIN_TILES = 64
-FUSED_MIN_BATCH_TILES = 128
+FUSED_WIDE_MAX_WEIGHTS = 256 * 256
+FUSED_WIDE_MAX_TILES = 1024
 _NONE = np.empty(0)
 
 
@@ -107,14 +113,13 @@ class WinogradConv:
             u = _xi_view(0, n, c, self.dtype)
             wg.filters(u, w)
         th, tw = wg.tiles(*y.shape[2:])
-        if (FUSED_BANDS and not keep and c <= FUSED_MAX_CHANNELS and th * tw >= FUSED_MIN_TILES
-                and y.shape[0] * th * tw >= FUSED_MIN_BATCH_TILES):
+        if FUSED_BANDS and not keep and _fused(c, n, th * tw, y.shape[0]):
             k, off, act = epilogue if epilogue else (_NONE, _NONE, 0)
-            rows = wf.band_rows(tw, th)
-            bands = y.shape[0] * -(-th // rows)
+            threads = numba.get_num_threads()
+            bands = wf.band_count(tw, th, c, n, y.shape[0], threads)
             wf.conv3x3(y, x, _flat(u), n * c + XI_PAD, pad, add, k, off, act,
-                       no_pool(y.dtype) if pool is None else pool, rows,
-                       wf.groups(n, bands, numba.get_num_threads()))
+                       no_pool(y.dtype) if pool is None else pool, bands,
+                       wf.groups(n, y.shape[0] * bands, threads))
             return
         for items, vrows, m in self._winograd_chunks(c, n, y.shape[2:], kept=keep):
             wg.inputs(vrows, x[items], pad)
@@ -206,6 +211,13 @@ def plan_kept_filters(layers, batch: int, fixed: bool) -> None:
         if size <= room:
             layer.keep_filters = True
             room -= size
+
+
+def _fused(c: int, n: int, tiles: int, batch: int) -> bool:
+    """Whether a c -> n correlation with `tiles` tiles per item takes the fused bands at `batch`
+    (FUSED_MAX_CHANNELS, FUSED_WIDE_MAX_WEIGHTS)."""
+    narrow = c <= FUSED_MAX_CHANNELS and tiles >= FUSED_MIN_TILES
+    return narrow or (n * c <= FUSED_WIDE_MAX_WEIGHTS and batch * tiles <= FUSED_WIDE_MAX_TILES)
 
 
 def _winograd_chunk(per_item: int, tiles: int, batch: int) -> int:
