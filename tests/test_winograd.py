@@ -98,9 +98,9 @@ def test_fused_bands_match_the_direct_correlation(shape, dtype):
     tol = 1e-12 if dtype == np.float64 else 1e-5
     scale = direct_correlation(np.abs(x), np.abs(wt), pad).max()
 
-    def run(y, add=False, k=cw._NONE, off=cw._NONE, act=0, p=None):
+    def run(y, add=False, k=cw._NONE, off=cw._NONE, act=0, p=None, vk=np.empty(0, dtype), chunk=1):
         wf.conv3x3(y, x, u.reshape(-1)[:16 * (n * c + cw.XI_PAD) - cw.XI_PAD], n * c + cw.XI_PAD, pad,
-                   add, k, off, act, no_pool(dtype) if p is None else p, bands, fgroups)
+                   add, k, off, act, no_pool(dtype) if p is None else p, bands, fgroups, vk, chunk)
         return y
 
     y = run(np.full(ref.shape, np.nan, dtype))
@@ -118,6 +118,27 @@ def test_fused_bands_match_the_direct_correlation(shape, dtype):
         run(np.empty(ref.shape, dtype), k=k, off=off, act=act.LEAKY, p=p)
         pooled = leaky.reshape(nb, n, oh // 2, 2, ow // 2, 2).max(axis=(3, 5))
         assert np.abs(p - pooled).max() <= tol * 4 * (scale + np.abs(off).max())
+    # the kept V: the chunked path's transform, chunk after chunk of `chunk` items
+    per = np.prod(wg.tiles(oh, ow))
+    for chunk in (1, 2, nb):
+        sizes = [min(chunk, nb - b0) for b0 in range(0, nb, chunk)]
+        want = np.concatenate([_chunk_v(x[b0:b0 + m], pad) for b0, m in zip(range(0, nb, chunk), sizes)])
+        vk = np.full(want.shape, np.nan, dtype)
+        run(np.empty(ref.shape, dtype), vk=vk, chunk=chunk)
+        pads = np.concatenate([np.arange(16 * (c * m * per + cw.XI_PAD)).reshape(16, -1)[:, -cw.XI_PAD:].ravel()
+                               + sum(16 * (c * s * per + cw.XI_PAD) for s in sizes[:j])
+                               for j, m in enumerate(sizes)])
+        body = np.setdiff1d(np.arange(want.size), pads)
+        np.testing.assert_array_equal(vk[body], want[body])
+
+
+def _chunk_v(x, pad):
+    """V of x as `wg.inputs` writes it: 16 rows of c·tiles values and XI_PAD after each, flat."""
+    nb, c, h, w = x.shape
+    t = nb * np.prod(wg.tiles(h + 2 * pad - 2, w + 2 * pad - 2))
+    v = np.zeros((16, c * t + cw.XI_PAD), x.dtype)
+    wg.inputs(v, x, pad)
+    return v.ravel()
 
 
 def test_fused_band_groups_rule():
@@ -169,12 +190,14 @@ def _net(monkeypatch, winograd, dtype=np.float64, batch=3, h=7, w=6, padding=1, 
 def test_layer_winograd_equals_im2col(monkeypatch, padding, bn):
     """Forward output, input delta and weight/bias/scale gradients of the Winograd path equal the
     im2col path's (float64), including with the batch split into chunks, with the forward's input
-    transform kept for the weight gradient and recomputed there, and in fused bands."""
+    transform kept for the weight gradient and recomputed there, and in fused bands (which also
+    keep V, in the chunks' layout)."""
     rng = np.random.default_rng(padding + 10 * bn)
     results = []
     for winograd, chunk, keep, bands in ((False, None, 0, False), (True, None, 1 << 23, False),
                                          (True, 16 * 12 * 24, 1 << 23, False), (True, 16 * 12 * 24, 0, False),
-                                         (True, None, 0, True), (True, None, 1 << 23, True)):
+                                         (True, None, 0, True), (True, None, 1 << 23, True),
+                                         (True, 16 * 12 * 24, 1 << 23, True)):
         monkeypatch.setattr(cw, "WINOGRAD_KEEP_VALUES", keep)
         monkeypatch.setattr(cw, "FUSED_BANDS", bands)       # (forward without a kept V, input gradient)
         monkeypatch.setattr(cw, "FUSED_MIN_TILES", 1)

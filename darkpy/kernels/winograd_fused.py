@@ -63,10 +63,10 @@ def band_rows(tiles_w: int, tiles_h: int, c: int, n: int) -> int:
 
 
 @jit(inline="always")
-def _band_inputs(v, x, b, pad, r0, r1, tw, ntp, sp):
-    """v (16, c·ntp + XI_PAD) := V of tile rows r0..r1−1 of item b: V[ξ][ch, t] at v[ξ, ch·ntp + t],
-    t = (ty − r0)·tw + tx; columns past the band's tiles 0. sp: a (2·(r1 − r0) + 2, 2·tw + 2)
-    scratch band of the zero-padded input."""
+def _band_inputs(v, x, b, pad, r0, r1, tw, cs, t0, ntp, sp):
+    """v (16 rows) := V of tile rows r0..r1−1 of item b: V[ξ][ch, t] at v[ξ, ch·cs + t0 + t],
+    t = (ty − r0)·tw + tx; with ntp > 0 the columns t of the band's tiles .. ntp − 1 are set to 0.
+    sp: a (2·(r1 − r0) + 2, 2·tw + 2) scratch band of the zero-padded input."""
     c, h, w = x.shape[1], x.shape[2], x.shape[3]
     bh, bw = sp.shape
     nt = (r1 - r0) * tw
@@ -82,34 +82,35 @@ def _band_inputs(v, x, b, pad, r0, r1, tw, ntp, sp):
             for j in range(bw):
                 xx = j - pad
                 row[j] = xr[xx] if 0 <= xx < w else 0
-        t = ch * ntp
+        t = ch * cs + t0
         for ty in range(r1 - r0):
             q0, q1, q2, q3 = sp[2 * ty], sp[2 * ty + 1], sp[2 * ty + 2], sp[2 * ty + 3]
             for tx in range(tw):
                 tile_inputs(v, t, q0, q1, q2, q3, 2 * tx)
                 t += 1
         for xi in range(16):
-            for t in range(ch * ntp + nt, (ch + 1) * ntp):       # (V[ξ][ch] past the tiles)
+            for t in range(ch * cs + t0 + nt, ch * cs + t0 + ntp):     # (V[ξ][ch] past the tiles)
                 v[xi, t] = 0
 
 
 @jit(inline="always")
-def _band_products(m, u, ustr, v, f0, nf, c, ntp):
+def _band_products(m, u, ustr, v, vb0, vrs, vcs, f0, nf, c, ntp):
     """M[ξ] (nf, ntp) = U[ξ] (filters f0..f0+nf−1, c) @ V[ξ] (c, ntp) for the 16 ξ: M[ξ][i, t] at
-    m[ξ·(nf·ntp + XI_PAD) + i·ntp + t], U[ξ][f, ch] at u[ξ·ustr + f·c + ch]; ntp a multiple of
-    LANES. Column blocks outside, filters inside: a block's c rows of V stay in L1. Eight filters
+    m[ξ·(nf·ntp + XI_PAD) + i·ntp + t], U[ξ][f, ch] at u[ξ·ustr + f·c + ch], V[ξ][ch, t] at
+    v[vb0 + ξ·vrs + ch·vcs + t]; ntp a multiple of LANES (the columns past the band's tiles are
+    read whatever they hold: their products are never used). Column blocks outside, filters inside: a block's c rows of V stay in L1. Eight filters
     at a time; the last nf % 8 one at a time (each as eight equal rows: correct, not fast; the
     layer's filter groups are whole eights)."""
     for xi in range(16):
-        vb = xi * (c * ntp + XI_PAD)
+        vb = vb0 + xi * vrs
         mb = xi * (nf * ntp + XI_PAD)
         ub = xi * ustr + f0 * c
         for col in range(0, ntp, CV):
             for i0 in range(0, nf - 7, 8):
-                _rows8(m, mb + i0 * ntp + col, ntp, u, ub + i0 * c, c, v, vb + col, ntp, c,
+                _rows8(m, mb + i0 * ntp + col, ntp, u, ub + i0 * c, c, v, vb + col, vcs, c,
                        ntp - col)
             for i in range(nf // 8 * 8, nf):
-                _rows8(m, mb + i * ntp + col, 0, u, ub + i * c, 0, v, vb + col, ntp, c, ntp - col)
+                _rows8(m, mb + i * ntp + col, 0, u, ub + i * c, 0, v, vb + col, vcs, c, ntp - col)
 
 
 @jit(inline="always")
@@ -138,6 +139,17 @@ def _band_outputs(dst, m, i, nf, ntp, r0, r1, tw, oh, ow, add, row0):
             store_tile(dst, oy - row0, ox, y00, y01, y10, y11, ox + 1 < ow, below, add)
 
 
+@jit(inline="always")
+def kept_place(c, b, per_item, nb, chunk):
+    """Where item b's V goes in the chunked path's kept V (chunks of `chunk` items, chunk j's 16
+    matrices, c x its tiles T_j, XI_PAD apart, after those of the chunks before it:
+    `conv_winograd._xi_rows`): (offset of chunk j's first matrix, of one matrix to the next, of
+    one channel's row to the next (T_j), of the item's first tile in its chunk)."""
+    j = b // chunk
+    tj = min(chunk, nb - j * chunk) * per_item
+    return j * 16 * (c * chunk * per_item + XI_PAD), c * tj + XI_PAD, tj, (b - j * chunk) * per_item
+
+
 def groups(n: int, bands: int, threads: int) -> int:
     """Filter groups per band: enough tasks for two per thread where the map has few bands,
     each group whole microkernels of 8 filters (each task transforms its band's input again)."""
@@ -146,14 +158,17 @@ def groups(n: int, bands: int, threads: int) -> int:
 
 
 @pjit
-def conv3x3(y, x, u, ustr, pad, add, k, off, act, p, bands, fgroups):
+def conv3x3(y, x, u, ustr, pad, add, k, off, act, p, bands, fgroups, vk, chunk):
     """y (nb, n, oh, ow) = (add: +=) the 3x3 stride-1 correlation of x (nb, c, h, w), padding
     `pad`, with the filters whose transform U[ξ] (n, c) starts at u[ξ·ustr] (flat, C order), by
     Winograd F(2x2, 3x3) in `bands` bands of tile rows per item (their rows differing by one at
     most), each band's filters in `fgroups` tasks.
     k, off (n,) float64 and `act`, or k empty: each finished band of a plane becomes act(y·k + off)
     (the inference epilogue). p (nb, n, oh/2, ow/2), with k given and even oh, ow: the band's 2x2
-    maxima go there and y is not written; else an empty 4-d array."""
+    maxima go there and y is not written; else an empty 4-d array. vk, unless empty: the bands' V
+    goes there instead of a task's own buffer, in the layout of the chunked path's kept V for
+    chunks of `chunk` items (`kept_place`), for the weight gradient (several filter groups' tasks
+    each write their band's V there: the same values)."""
     nb, c, h, w = x.shape
     n, oh, ow = y.shape[1], y.shape[2], y.shape[3]
     th, tw = (oh + 1) // 2, (ow + 1) // 2
@@ -169,15 +184,23 @@ def conv3x3(y, x, u, ustr, pad, add, k, off, act, p, bands, fgroups):
         r0 = (band % bands) * th // bands
         r1 = (band % bands + 1) * th // bands
         ntp = ((r1 - r0) * tw + simd.LANES - 1) // simd.LANES * simd.LANES
-        v = np.empty(16 * (c * ntp + XI_PAD), x.dtype)
-        m = np.empty(16 * (FILTER_BLOCK * ntp + XI_PAD), x.dtype)
         sp = np.empty((2 * (r1 - r0) + 2, 2 * tw + 2), x.dtype)
-        _band_inputs(v.reshape(16, c * ntp + XI_PAD), x, b, pad, r0, r1, tw, ntp, sp)
+        if vk.shape[0]:                     # V straight into the kept buffer
+            vb0, vrs, vcs, t0 = kept_place(c, b, th * tw, nb, chunk)
+            v = vk
+            _band_inputs(v[vb0:vb0 + 16 * vrs].reshape(16, vrs), x, b, pad, r0, r1, tw, vcs,
+                         t0 + r0 * tw, 0, sp)
+            vb0 += r0 * tw + t0
+        else:
+            vb0, vrs, vcs = 0, c * ntp + XI_PAD, ntp
+            v = np.empty(16 * vrs, x.dtype)
+            _band_inputs(v.reshape(16, vrs), x, b, pad, r0, r1, tw, ntp, 0, ntp, sp)
+        m = np.empty(16 * (FILTER_BLOCK * ntp + XI_PAD), x.dtype)
         lo, hi = 2 * r0, min(2 * r1, oh)            # the band's output rows
         band_out = np.empty((hi - lo if pooled else 0, ow), y.dtype)
         for fb in range(f0, f0 + nf, FILTER_BLOCK):
             nfb = min(FILTER_BLOCK, f0 + nf - fb)
-            _band_products(m, u, ustr, v, fb, nfb, c, ntp)
+            _band_products(m, u, ustr, v, vb0, vrs, vcs, fb, nfb, c, ntp)
             m2 = m[:16 * (nfb * ntp + XI_PAD)].reshape(16, nfb * ntp + XI_PAD)
             for i in range(nfb):
                 f = fb + i

@@ -78,6 +78,9 @@ FUSED_MAX_CHANNELS = 96
 FUSED_MIN_TILES = 64
 FUSED_WIDE_MAX_WEIGHTS = 256 * 256
 FUSED_WIDE_MAX_TILES = 1024
+#: The training forward that keeps V for the weight gradient takes the fused bands too, each band
+#: also copying its V into the kept buffer. False: that forward stays chunked.
+FUSED_KEEP = True
 _NONE = np.empty(0)
 
 
@@ -113,13 +116,14 @@ class WinogradConv:
             u = _xi_view(0, n, c, self.dtype)
             wg.filters(u, w)
         th, tw = wg.tiles(*y.shape[2:])
-        if FUSED_BANDS and not keep and _fused(c, n, th * tw, y.shape[0]):
+        if FUSED_BANDS and (FUSED_KEEP or not keep) and _fused(c, n, th * tw, y.shape[0]):
             k, off, act = epilogue if epilogue else (_NONE, _NONE, 0)
             threads = numba.get_num_threads()
             bands = wf.band_count(tw, th, c, n, y.shape[0], threads)
             wf.conv3x3(y, x, _flat(u), n * c + XI_PAD, pad, add, k, off, act,
                        no_pool(y.dtype) if pool is None else pool, bands,
-                       wf.groups(n, y.shape[0] * bands, threads))
+                       wf.groups(n, y.shape[0] * bands, threads),
+                       self.vkeep[:self._vkeep_values if keep else 0], self.wchunk)
             return
         for items, vrows, m in self._winograd_chunks(c, n, y.shape[2:], kept=keep):
             wg.inputs(vrows, x[items], pad)
