@@ -17,6 +17,7 @@ from darkpy.kernels import activations as act
 from darkpy.kernels import attention as attk
 from darkpy.kernels import bn as bnk
 from darkpy.kernels import direct as dk
+from darkpy.kernels import simd
 from darkpy.kernels import winograd as wg
 from darkpy.kernels import winograd_fused as wgf
 from darkpy import optim
@@ -134,6 +135,9 @@ CASES = {
                                                    _f32(16 * 32 + 15 * 16), 32 + 16, 1, False, np.empty(0),
                                                    np.empty(0), 0, np.empty((0, 0, 0, 0), np.float32), 2, 2,
                                                    np.empty(0, np.float32), 1)),
+    "winograd fused weight gradient": (wgf.weight_grad3x3, lambda: (np.zeros((2, 16, 4, simd.LANES), np.float32),
+                                                            _f32(2, 4, 6, 6), _f32(2, 8, 6, 6, seed=1), 1, 2,
+                                                            np.empty(0, np.float32), 1)),
     "crossentropy forward": (xent.xent_forward, lambda: (_f32(2, 5), _f32(2, 5), _f32(2, 5), np.zeros(2), _f32(2, 5, seed=1),
                                                          np.array([1, -1]), np.zeros((0, 5)), 0.1, 1.0, True)),
     "attention softmax": (mha.softmax_masked, lambda: (_f32(2, 2, 4, 4), 0.5, True, np.zeros((2, 4), np.uint8))),

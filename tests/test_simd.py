@@ -101,11 +101,12 @@ def test_kernels_at_the_avx2_width_on_an_avx512_machine(tmp_path):
 
 
 @numba.njit(cache=False)
-def _products(out8, out1, out4, lhs, rhs, k, cols):
+def _products(out8, out1, out4, lhs, rhs, k, cols, add):
     """The three microkernels of kernels/microgemm.py over a (8, k) @ (k, cols) product: rows8x2
-    on the first CV columns, rows8x1 on the next LANES, rows4x2 on rows 4..7 (row 7 repeated)."""
-    microgemm.rows8x2(out8, 0, cols, lhs, 0, k, rhs, 0, cols, 0, k)
-    microgemm.rows8x1(out1, microgemm.CV, cols, lhs, 0, k, rhs, microgemm.CV, cols, 0, k)
+    on the first CV columns, rows8x1 on the next LANES (both written or added), rows4x2 on rows
+    4..7 (row 7 repeated)."""
+    microgemm.rows8x2(out8, 0, cols, lhs, 0, k, rhs, 0, cols, 0, k, add)
+    microgemm.rows8x1(out1, microgemm.CV, cols, lhs, 0, k, rhs, microgemm.CV, cols, 0, k, add)
     microgemm.rows4x2(out4, 0, cols, 2 * cols, 3 * cols, lhs, 4 * k, 5 * k, 7 * k, 7 * k,
                       rhs, 0, cols, 0, k)
 
@@ -118,7 +119,7 @@ def test_microkernels_match_numpy(dtype):
     rhs = rng.standard_normal(k * cols).astype(dtype)
     want = lhs.reshape(8, k).astype(np.float64) @ rhs.reshape(k, cols).astype(np.float64)
     out8, out1, out4 = (np.full(8 * cols, np.nan, dtype) for _ in range(3))
-    _products(out8, out1, out4, lhs, rhs, k, cols)
+    _products(out8, out1, out4, lhs, rhs, k, cols, False)
     tol = 1e-12 if dtype == np.float64 else 1e-4
     cv = microgemm.CV
     np.testing.assert_allclose(out8.reshape(8, cols)[:, :cv], want[:, :cv], rtol=tol, atol=tol)
@@ -127,3 +128,9 @@ def test_microkernels_match_numpy(dtype):
     assert np.isnan(out1.reshape(8, cols)[:, :cv]).all()
     got4 = out4.reshape(8, cols)[:4, :cv]
     np.testing.assert_allclose(got4, want[[4, 5, 7, 7], :cv], rtol=tol, atol=tol)
+    base = rng.standard_normal(8 * cols).astype(dtype)          # accumulating into what is there
+    out8, out1 = base.copy(), base.copy()
+    _products(out8, out1, out4, lhs, rhs, k, cols, True)
+    added = want + base.reshape(8, cols)
+    np.testing.assert_allclose(out8.reshape(8, cols)[:, :cv], added[:, :cv], rtol=tol, atol=tol)
+    np.testing.assert_allclose(out1.reshape(8, cols)[:, cv:], added[:, cv:], rtol=tol, atol=tol)

@@ -8,6 +8,7 @@ import pytest
 import darkpy.layers.conv_winograd as cw
 import darkpy.layers.convolutional as conv
 from darkpy.kernels import direct as dk
+from darkpy.kernels import simd
 from darkpy.kernels import im2col as ic
 from darkpy.kernels import activations as act
 from darkpy.kernels import winograd as wg
@@ -132,6 +133,31 @@ def test_fused_bands_match_the_direct_correlation(shape, dtype):
         np.testing.assert_array_equal(vk[body], want[body])
 
 
+@pytest.mark.parametrize("shape", [(2, 5, 3, 6, 7, 1, 2, 1), (3, 13, 20, 9, 9, 0, 3, 2), (1, 16, 8, 4, 4, 2, 1, 1)])
+@pytest.mark.parametrize("kept", [False, True])
+def test_fused_weight_gradient_matches_the_chunked_one(shape, kept):
+    """winograd_fused.weight_grad3x3 (its slices summed) against dU = dM Vᵀ of the chunked
+    kernels, float64: channels in eights and one by one, filters padded to a vector, bands of
+    unequal rows, V made in the band or read from the kept V in chunks of `chunk` items."""
+    nb, c, n, h, w, pad, bands, chunk = shape
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal((nb, c, h, w))
+    oh, ow = h + 2 * pad - 2, w + 2 * pad - 2
+    dy = rng.standard_normal((nb, n, oh, ow))
+    t = nb * int(np.prod(wg.tiles(oh, ow)))
+    v = np.zeros((16, c * t + cw.XI_PAD))
+    wg.inputs(v, x, pad)
+    m = np.empty((16, n, t))
+    wg.outputs_adjoint(m, dy)
+    want = m @ v[:, :c * t].reshape(16, c, t).transpose(0, 2, 1)        # (16, n, c)
+    vk = np.concatenate([_chunk_v(x[b0:b0 + chunk], pad) for b0 in range(0, nb, chunk)]) if kept else np.empty(0)
+    npd = -(-n // simd.LANES) * simd.LANES
+    du = np.full((3, 16, c, npd), np.nan)
+    wf.weight_grad3x3(du, x, dy, pad, bands, vk, chunk)
+    got = du.sum(axis=0)[:, :, :n].transpose(0, 2, 1)
+    np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
+
+
 def _chunk_v(x, pad):
     """V of x as `wg.inputs` writes it: 16 rows of c·tiles values and XI_PAD after each, flat."""
     nb, c, h, w = x.shape
@@ -191,7 +217,7 @@ def test_layer_winograd_equals_im2col(monkeypatch, padding, bn):
     """Forward output, input delta and weight/bias/scale gradients of the Winograd path equal the
     im2col path's (float64), including with the batch split into chunks, with the forward's input
     transform kept for the weight gradient and recomputed there, and in fused bands (which also
-    keep V, in the chunks' layout)."""
+    keep V, in the chunks' layout, and compute the weight gradient)."""
     rng = np.random.default_rng(padding + 10 * bn)
     results = []
     for winograd, chunk, keep, bands in ((False, None, 0, False), (True, None, 1 << 23, False),
@@ -200,6 +226,7 @@ def test_layer_winograd_equals_im2col(monkeypatch, padding, bn):
                                          (True, 16 * 12 * 24, 1 << 23, True)):
         monkeypatch.setattr(cw, "WINOGRAD_KEEP_VALUES", keep)
         monkeypatch.setattr(cw, "FUSED_BANDS", bands)       # (forward without a kept V, input gradient)
+        monkeypatch.setattr(cw, "FUSED_WGRAD", bands)
         monkeypatch.setattr(cw, "FUSED_MIN_TILES", 1)
         net = _net(monkeypatch, winograd, padding=padding, bn=bn, chunk=chunk)
         layer = net.layers[0]

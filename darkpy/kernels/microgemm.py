@@ -52,12 +52,19 @@ def rows4x2(out, o0, o1, o2, o3, lhs, l0, l1, l2, l3, rhs, r0, rstr, klo, khi):
 
 
 @jit(inline="always")
-def rows8x2(out, ob, ostr, lhs, lb, lstr, rhs, r0, rstr, klo, khi):
-    """out[ob + i·ostr : … + CV] := Σ_{k in [klo, khi)} lhs[lb + i·lstr + k] · rhs[r0 + k·rstr : … + CV]
-    for the eight rows i = 0..7, in sixteen accumulators: two vector loads and eight broadcasts per
-    sixteen FMAs (`rows4x2`'s six per eight), so the FMAs, not the loads, set the pace."""
-    z = simd.zero(rhs)
-    a0 = a1 = b0 = b1 = c0 = c1 = d0 = d1 = e0 = e1 = f0 = f1 = g0 = g1 = h0 = h1 = z
+def rows8x2(out, ob, ostr, lhs, lb, lstr, rhs, r0, rstr, klo, khi, add):
+    """out[ob + i·ostr : … + CV] := (add: +=) Σ_{k in [klo, khi)} lhs[lb + i·lstr + k] ·
+    rhs[r0 + k·rstr : … + CV] for the eight rows i = 0..7, in sixteen accumulators: two vector loads
+    and eight broadcasts per sixteen FMAs (`rows4x2`'s six per eight), so the FMAs, not the loads,
+    set the pace."""
+    a0, a1 = _start2(out, ob, add)
+    b0, b1 = _start2(out, ob + ostr, add)
+    c0, c1 = _start2(out, ob + 2 * ostr, add)
+    d0, d1 = _start2(out, ob + 3 * ostr, add)
+    e0, e1 = _start2(out, ob + 4 * ostr, add)
+    f0, f1 = _start2(out, ob + 5 * ostr, add)
+    g0, g1 = _start2(out, ob + 6 * ostr, add)
+    h0, h1 = _start2(out, ob + 7 * ostr, add)
     for k in range(klo, khi):
         ri = r0 + k * rstr
         v0 = simd.load(rhs, ri)
@@ -82,6 +89,15 @@ def rows8x2(out, ob, ostr, lhs, lb, lstr, rhs, r0, rstr, klo, khi):
 
 
 @jit(inline="always")
+def _start2(out, at, add):
+    """The two accumulators of a row: out[at : at + CV] with `add`, else zeros."""
+    if add:
+        return simd.load(out, at), simd.load(out, at + simd.LANES)
+    z = simd.zero(out)
+    return z, z
+
+
+@jit(inline="always")
 def _fma2(acc0, acc1, x, v0, v1):
     """(acc0 + x·v0, acc1 + x·v1)."""
     return simd.fma(acc0, x, v0), simd.fma(acc1, x, v1)
@@ -95,11 +111,17 @@ def _store2(out, at, u0, u1):
 
 
 @jit(inline="always")
-def rows8x1(out, ob, ostr, lhs, lb, lstr, rhs, r0, rstr, klo, khi):
+def rows8x1(out, ob, ostr, lhs, lb, lstr, rhs, r0, rstr, klo, khi, add):
     """`rows8x2` for one vector of columns (LANES): the last columns of a product whose width is a
     multiple of LANES but not of CV."""
-    z = simd.zero(rhs)
-    a = b = c = d = e = f = g = h = z
+    a = _start1(out, ob, add)
+    b = _start1(out, ob + ostr, add)
+    c = _start1(out, ob + 2 * ostr, add)
+    d = _start1(out, ob + 3 * ostr, add)
+    e = _start1(out, ob + 4 * ostr, add)
+    f = _start1(out, ob + 5 * ostr, add)
+    g = _start1(out, ob + 6 * ostr, add)
+    h = _start1(out, ob + 7 * ostr, add)
     for k in range(klo, khi):
         v = simd.load(rhs, r0 + k * rstr)
         li = lb + k
@@ -119,3 +141,9 @@ def rows8x1(out, ob, ostr, lhs, lb, lstr, rhs, r0, rstr, klo, khi):
     simd.store(out, ob + 5 * ostr, f)
     simd.store(out, ob + 6 * ostr, g)
     simd.store(out, ob + 7 * ostr, h)
+
+
+@jit(inline="always")
+def _start1(out, at, add):
+    """The accumulator of a row of `rows8x1`: out[at : at + LANES] with `add`, else zeros."""
+    return simd.load(out, at) if add else simd.zero(out)

@@ -280,21 +280,30 @@ def outputs_adjoint(m, dy):
         t = b * th * tw
         for ty in range(th):
             for tx in range(tw):
-                oy = 2 * ty
-                ox = 2 * tx
-                right = ox + 1 < ow
-                below = oy + 1 < oh
-                z = df[oy, ox] * 0
-                y00 = df[oy, ox]
-                y01 = df[oy, ox + 1] if right else z
-                y10 = df[oy + 1, ox] if below else z
-                y11 = df[oy + 1, ox + 1] if right and below else z
-                # A dY: 4 rows of 2, then each row (p, q) times Aᵀ: (p, p + q, p − q, −q)
-                m[0, f, t], m[1, f, t], m[2, f, t], m[3, f, t] = _a_col(y00, y01)
-                m[4, f, t], m[5, f, t], m[6, f, t], m[7, f, t] = _a_col(y00 + y10, y01 + y11)
-                m[8, f, t], m[9, f, t], m[10, f, t], m[11, f, t] = _a_col(y00 - y10, y01 - y11)
-                m[12, f, t], m[13, f, t], m[14, f, t], m[15, f, t] = _a_col(-y10, -y11)
+                (m[0, f, t], m[1, f, t], m[2, f, t], m[3, f, t], m[4, f, t], m[5, f, t], m[6, f, t],
+                 m[7, f, t], m[8, f, t], m[9, f, t], m[10, f, t], m[11, f, t], m[12, f, t],
+                 m[13, f, t], m[14, f, t], m[15, f, t]) = tile_adjoint(df, 2 * ty, 2 * tx)
                 t += 1
+
+
+@jit(inline="always")
+def tile_adjoint(df, oy, ox):
+    """A dY Aᵀ of the tile whose outputs start at df[oy, ox] (df: one output plane's gradient; the
+    tile's positions outside it count as zero): its 16 values, ξ = 0..15."""
+    oh, ow = df.shape
+    right = ox + 1 < ow
+    below = oy + 1 < oh
+    z = df[oy, ox] * 0
+    y00 = df[oy, ox]
+    y01 = df[oy, ox + 1] if right else z
+    y10 = df[oy + 1, ox] if below else z
+    y11 = df[oy + 1, ox + 1] if right and below else z
+    # A dY: 4 rows of 2, then each row (p, q) times Aᵀ: (p, p + q, p − q, −q)
+    m0, m1, m2, m3 = _a_col(y00, y01)
+    m4, m5, m6, m7 = _a_col(y00 + y10, y01 + y11)
+    m8, m9, m10, m11 = _a_col(y00 - y10, y01 - y11)
+    m12, m13, m14, m15 = _a_col(-y10, -y11)
+    return m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15
 
 
 @jit

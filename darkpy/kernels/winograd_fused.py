@@ -29,7 +29,7 @@ from .bn import affine_act_row
 from . import simd
 from .microgemm import CV, rows8x1, rows8x2
 from .pool2x2 import pool_rows
-from .winograd import store_tile, tile_inputs, tile_outputs
+from .winograd import store_tile, tile_adjoint, tile_inputs, tile_outputs
 
 #: Values between two of a band's 16 matrices of V (and of M) beyond the matrix itself: without
 #: it the 16 matrices are often a multiple of 4 KiB apart, and the transforms' 16 streams of
@@ -108,18 +108,20 @@ def _band_products(m, u, ustr, v, vb0, vrs, vcs, f0, nf, c, ntp):
         for col in range(0, ntp, CV):
             for i0 in range(0, nf - 7, 8):
                 _rows8(m, mb + i0 * ntp + col, ntp, u, ub + i0 * c, c, v, vb + col, vcs, c,
-                       ntp - col)
+                       ntp - col, False)
             for i in range(nf // 8 * 8, nf):
-                _rows8(m, mb + i * ntp + col, 0, u, ub + i * c, 0, v, vb + col, vcs, c, ntp - col)
+                _rows8(m, mb + i * ntp + col, 0, u, ub + i * c, 0, v, vb + col, vcs, c, ntp - col,
+                       False)
 
 
 @jit(inline="always")
-def _rows8(m, ob, ostr, u, lb, lstr, v, r0, rstr, c, cols):
-    """Eight rows of a band product over two vectors of columns, or one where `cols` < CV."""
+def _rows8(out, ob, ostr, lhs, lb, lstr, rhs, r0, rstr, k, cols, add):
+    """Eight rows of a band product (shared dimension k) over two vectors of columns, or one where
+    `cols` < CV; written or (add) added."""
     if cols >= CV:
-        rows8x2(m, ob, ostr, u, lb, lstr, v, r0, rstr, 0, c)
+        rows8x2(out, ob, ostr, lhs, lb, lstr, rhs, r0, rstr, 0, k, add)
     else:
-        rows8x1(m, ob, ostr, u, lb, lstr, v, r0, rstr, 0, c)
+        rows8x1(out, ob, ostr, lhs, lb, lstr, rhs, r0, rstr, 0, k, add)
 
 
 @jit(inline="always")
@@ -148,6 +150,91 @@ def kept_place(c, b, per_item, nb, chunk):
     j = b // chunk
     tj = min(chunk, nb - j * chunk) * per_item
     return j * 16 * (c * chunk * per_item + XI_PAD), c * tj + XI_PAD, tj, (b - j * chunk) * per_item
+
+
+@pjit
+def weight_grad3x3(du, x, dy, pad, bands, vk, chunk):
+    """The Winograd weight gradient in bands, transposed: slice s of du (S, 16, c, np) := Σ over
+    the s-th S-th of the batch's bands (`bands` per item) of V[ξ] dM[ξ]ᵀ (c x n, in np >= n
+    columns, a multiple of LANES), dM = A dY Aᵀ of dy (nb, n, oh, ow) and V the transform of x
+    (nb, c, h, w) padded by `pad`: read from vk (the kept V, in chunks of `chunk` items) unless it
+    is empty, else made band by band. The caller sums the slices (a fixed number: the same bits
+    at any thread count) and applies Gᵀ · G (`winograd.filters_adjoint_add`). Per band dMᵀ (tiles
+    x np per ξ) stays in L2, each slice's sum in its own part of du; the products are the
+    microkernels over eight channels x two vectors of filters, summed over the band's tiles."""
+    S, c, npd = du.shape[0], du.shape[2], du.shape[3]
+    nb = x.shape[0]
+    n, oh, ow = dy.shape[1], dy.shape[2], dy.shape[3]
+    th, tw = (oh + 1) // 2, (ow + 1) // 2
+    total = nb * bands
+    rmax = -(-th // bands)
+    xs = rmax * tw * npd + XI_PAD                       # dMᵀ: one ξ to the next
+    vrs0 = c * rmax * tw + XI_PAD                       # the band's own V: one ξ to the next
+    for s in prange(S):
+        acc = du[s].reshape(16 * c * npd)
+        for i in range(acc.shape[0]):
+            acc[i] = 0
+        dmt = np.empty(16 * xs, x.dtype)
+        for i in range(dmt.shape[0]):       # (columns n.. stay 0; a loop: np.zeros here would
+            dmt[i] = 0                      # be a parallel region of its own)
+        own = np.empty(0 if vk.shape[0] else 16 * vrs0, x.dtype)
+        sp = np.empty((2 * rmax + 2, 2 * tw + 2), x.dtype)
+        for band in range(s * total // S, (s + 1) * total // S):
+            b = band // bands
+            r0 = (band % bands) * th // bands
+            r1 = (band % bands + 1) * th // bands
+            nt = (r1 - r0) * tw
+            if vk.shape[0]:
+                vb0, vrs, vcs, t0 = kept_place(c, b, th * tw, nb, chunk)
+                v = vk
+                vb0 += t0 + r0 * tw
+            else:
+                vb0, vrs, vcs = 0, vrs0, rmax * tw
+                v = own
+                _band_inputs(own.reshape(16, vrs0), x, b, pad, r0, r1, tw, vcs, 0, 0,
+                             sp[:2 * (r1 - r0) + 2])
+            _band_adjoint_t(dmt, xs, npd, dy, b, r0, r1, tw)
+            for xi in range(16):
+                lb = vb0 + xi * vrs
+                ob = xi * c * npd
+                for col in range(0, npd, CV):
+                    for ch in range(0, c - 7, 8):
+                        _rows8(acc, ob + ch * npd + col, npd, v, lb + ch * vcs, vcs, dmt,
+                               xi * xs + col, npd, nt, npd - col, True)
+                    for ch in range(c // 8 * 8, c):
+                        _rows8(acc, ob + ch * npd + col, 0, v, lb + ch * vcs, 0, dmt,
+                               xi * xs + col, npd, nt, npd - col, True)
+
+
+@jit(inline="always")
+def _band_adjoint_t(dmt, xs, npd, dy, b, r0, r1, tw):
+    """dMᵀ of tile rows r0..r1−1 of item b: A dY Aᵀ (`winograd.tile_adjoint`) of tile t of the
+    band and filter f at dmt[ξ·xs + t·npd + f]. Tile after tile, all filters of one (their 16
+    rows of dMᵀ stay in L1; the band's rows of dy too)."""
+    n = dy.shape[1]
+    t = 0
+    for ty in range(r0, r1):
+        for tx in range(tw):
+            for f in range(n):
+                (m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14,
+                 m15) = tile_adjoint(dy[b, f], 2 * ty, 2 * tx)
+                dmt[t + f] = m0
+                dmt[xs + t + f] = m1
+                dmt[2 * xs + t + f] = m2
+                dmt[3 * xs + t + f] = m3
+                dmt[4 * xs + t + f] = m4
+                dmt[5 * xs + t + f] = m5
+                dmt[6 * xs + t + f] = m6
+                dmt[7 * xs + t + f] = m7
+                dmt[8 * xs + t + f] = m8
+                dmt[9 * xs + t + f] = m9
+                dmt[10 * xs + t + f] = m10
+                dmt[11 * xs + t + f] = m11
+                dmt[12 * xs + t + f] = m12
+                dmt[13 * xs + t + f] = m13
+                dmt[14 * xs + t + f] = m14
+                dmt[15 * xs + t + f] = m15
+            t += npd
 
 
 def groups(n: int, bands: int, threads: int) -> int:

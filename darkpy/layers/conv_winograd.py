@@ -17,6 +17,7 @@ import numpy as np
 from .. import blas
 from ..kernels import im2col as ic
 from ..kernels import winograd as wg
+from ..kernels import simd
 from ..kernels import winograd_fused as wf
 from ..kernels.pool2x2 import no_pool
 
@@ -81,6 +82,14 @@ FUSED_WIDE_MAX_TILES = 1024
 #: The training forward that keeps V for the weight gradient takes the fused bands too, each band
 #: also copying its V into the kept buffer. False: that forward stays chunked.
 FUSED_KEEP = True
+#: The weight gradient of correlations over at most FUSED_MAX_CHANNELS input channels (and at
+#: least a quarter of FUSED_MIN_TILES tiles per item) in bands too (`wf.weight_grad3x3`): per band
+#: V (kept, or made) and dMᵀ in L2, the products summed into WGRAD_SLICES partial sums (a fixed
+#: number, so the bits do not depend on the thread count), instead of the 16 GEMMs dM Vᵀ over
+#: the whole chunk (K = its tiles, M x N = n x c: OpenBLAS at ~128 GFLOP/s on 2 threads for
+#: shapes-tiny's 96 -> 64 layer). False: the chunked GEMMs.
+FUSED_WGRAD = True
+WGRAD_SLICES = 4
 _NONE = np.empty(0)
 
 
@@ -96,7 +105,8 @@ class WinogradConv:
         # per item: V (c x tiles) and M (n x tiles), 16 of each; backward swaps c and n
         self.wchunk = _winograd_chunk(16 * th * tw * (c + n), th * tw, batch)
         tiles = self.wchunk * th * tw
-        ic.reserve(_xi_size(n, c) + _xi_size(max(c, n), tiles) * 2, self.dtype)
+        ic.reserve(max(_xi_size(n, c) + _xi_size(max(c, n), tiles) * 2,
+                       WGRAD_SLICES * 16 * c * _lanes(n)), self.dtype)
         kept = sum(_xi_size(c, t) for _, t in self._chunk_tiles(self.out_shape[1:]))
         self._vkeep_values = kept if kept <= WINOGRAD_KEEP_VALUES else 0
 
@@ -172,6 +182,16 @@ class WinogradConv:
         the input's transform (x (B, c, h, w); kept by the training forward when it fits
         WINOGRAD_KEEP_VALUES, else computed again), and Gᵀ dU G added into the gradient."""
         n, c = self.n, self.in_shape[0]
+        th, tw = wg.tiles(*dy.shape[2:])
+        if FUSED_WGRAD and c <= FUSED_MAX_CHANNELS and th * tw >= FUSED_MIN_TILES // 4:
+            du = ic.get((WGRAD_SLICES, 16, c, _lanes(n)), self.dtype)
+            bands = wf.band_count(tw, th, c, n, self.batch, numba.get_num_threads())
+            kept = self.vkeep[:self._vkeep_values if self._v_kept else 0]
+            wf.weight_grad3x3(du, x, dy, self.padding, bands, kept, self.wchunk)
+            for s in range(1, WGRAD_SLICES):
+                np.add(du[0], du[s], out=du[0])
+            wg.filters_adjoint_add(self.weights.grad, du[0, :, :, :n].transpose(0, 2, 1))
+            return
         du = _xi_view(0, n, c, self.dtype)
         for items, vrows, dm in self._winograd_chunks(c, n, dy.shape[2:], kept=self._v_kept):
             if not self._v_kept:
@@ -215,6 +235,11 @@ def plan_kept_filters(layers, batch: int, fixed: bool) -> None:
         if size <= room:
             layer.keep_filters = True
             room -= size
+
+
+def _lanes(n: int) -> int:
+    """n rounded up to a whole number of SIMD vectors."""
+    return -(-n // simd.LANES) * simd.LANES
 
 
 def _fused(c: int, n: int, tiles: int, batch: int) -> bool:
