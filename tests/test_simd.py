@@ -40,6 +40,25 @@ def test_operations_match_numpy(dtype):
 
 
 @numba.njit(cache=False)
+def _lanewise(out, a, b):
+    u, v = simd.load(a, 0), simd.load(b, 0)
+    simd.store(out, 0, simd.add(u, v))
+    simd.store(out, L, simd.sub(u, v))
+    simd.store(out, 2 * L, simd.neg(u))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lanewise_operations_give_the_scalar_bits(dtype):
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal(L).astype(dtype), rng.standard_normal(L).astype(dtype)
+    a[0], b[1] = 0.0, -0.0
+    out = np.empty(3 * L, dtype)
+    _lanewise(out, a, b)
+    for got, want in ((out[:L], a + b), (out[L:2 * L], a - b), (out[2 * L:], -a)):
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@numba.njit(cache=False)
 def _gather(a, idx):
     out = np.empty(idx.shape[0], a.dtype)
     for j in range(idx.shape[0]):

@@ -9,8 +9,9 @@ register-blocked microkernel (kernels/direct.py: 4 filters x 16 positions in 8 a
 
 Inside a kernel only: `load(a, i)` (a[i:i+LANES] of a 1-D C-contiguous array), `store(a, i, v)`,
 `get(a, i)` (the scalar a[i]),
-`zero(a)` (a vector of a's dtype) and `fma(acc, s, v)` (acc + s·v per lane, rounded once: LLVM's
-fma, one instruction where the CPU has FMA). **load, store and get check no bounds**: the caller
+`zero(a)` (a vector of a's dtype), `fma(acc, s, v)` (acc + s·v per lane, rounded once: LLVM's
+fma, one instruction where the CPU has FMA), and `add(u, v)`, `sub(u, v)`, `neg(v)` (per lane,
+IEEE: each lane the bits of the scalar operation). **load, store and get check no bounds**: the caller
 guarantees a[i:i+LANES] lies inside the array. float32 is the real work, float64 the gradient
 checks (the same source, like every kernel here). LANES is the float32 width of the widest vector
 register of the CPU numba compiles for (`_lanes`): 16 where it has AVX-512F, else 8; float64 and
@@ -135,3 +136,31 @@ def fma(typingctx, acc, s, v):
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3), name)
         return builder.call(fn, [splat, args[2], args[0]])
     return acc(acc, s, v), codegen
+
+
+def _binary(op):
+    """An intrinsic applying the IR builder's `op` (fadd, fsub) to two vectors of one type."""
+    def typer(typingctx, u, v):
+        if not (isinstance(u, Vector) and u == v):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return getattr(builder, op)(args[0], args[1])
+        return u(u, v), codegen
+    return intrinsic(typer)
+
+
+#: u + v and u − v in every lane.
+add = _binary("fadd")
+sub = _binary("fsub")
+
+
+@intrinsic
+def neg(typingctx, v):
+    """−v in every lane (the sign flipped, as the scalar −x)."""
+    if not isinstance(v, Vector):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fneg(args[0])
+    return v(v), codegen

@@ -29,7 +29,7 @@ from .bn import affine_act_row
 from . import simd
 from .microgemm import CV, rows8x1, rows8x2
 from .pool2x2 import pool_rows
-from .winograd import store_tile, tile_adjoint, tile_inputs, tile_outputs
+from .winograd import store_tile, tile_inputs, tile_outputs
 
 #: Values between two of a band's 16 matrices of V (and of M) beyond the matrix itself: without
 #: it the 16 matrices are often a multiple of 4 KiB apart, and the transforms' 16 streams of
@@ -179,6 +179,9 @@ def weight_grad3x3(du, x, dy, pad, bands, vk, chunk):
             dmt[i] = 0                      # be a parallel region of its own)
         own = np.empty(0 if vk.shape[0] else 16 * vrs0, x.dtype)
         sp = np.empty((2 * rmax + 2, 2 * tw + 2), x.dtype)
+        g = np.empty(2 * rmax * 2 * tw * npd, x.dtype)
+        for i in range(g.shape[0]):
+            g[i] = 0
         for band in range(s * total // S, (s + 1) * total // S):
             b = band // bands
             r0 = (band % bands) * th // bands
@@ -193,7 +196,7 @@ def weight_grad3x3(du, x, dy, pad, bands, vk, chunk):
                 v = own
                 _band_inputs(own.reshape(16, vrs0), x, b, pad, r0, r1, tw, vcs, 0, 0,
                              sp[:2 * (r1 - r0) + 2])
-            _band_adjoint_t(dmt, xs, npd, dy, b, r0, r1, tw)
+            _band_adjoint_t(dmt, xs, npd, dy, b, r0, r1, tw, g)
             for xi in range(16):
                 lb = vb0 + xi * vrs
                 ob = xi * c * npd
@@ -207,34 +210,48 @@ def weight_grad3x3(du, x, dy, pad, bands, vk, chunk):
 
 
 @jit(inline="always")
-def _band_adjoint_t(dmt, xs, npd, dy, b, r0, r1, tw):
-    """dMᵀ of tile rows r0..r1−1 of item b: A dY Aᵀ (`winograd.tile_adjoint`) of tile t of the
-    band and filter f at dmt[ξ·xs + t·npd + f]. Tile after tile, all filters of one (their 16
-    rows of dMᵀ stay in L1; the band's rows of dy too)."""
-    n = dy.shape[1]
+def _band_adjoint_t(dmt, xs, npd, dy, b, r0, r1, tw, g):
+    """dMᵀ of tile rows r0..r1−1 of item b: A dY Aᵀ (as `winograd.tile_adjoint`) of tile t of the
+    band and filter f at dmt[ξ·xs + t·npd + f], LANES filters at a time. g: scratch for the band's
+    rows of dy, filter-minor (row r, column col at g[(r·2·tw + col)·npd]; columns past the map
+    and filters past n 0 from the start, rows past it set to 0 here)."""
+    n, oh, ow = dy.shape[1], dy.shape[2], dy.shape[3]
+    wr = 2 * tw * npd                                   # one row of g to the next
+    for r in range(2 * (r1 - r0)):      # (filters innermost: the stores run along g, the
+        oy = 2 * r0 + r                 # loads of a row's n lines of dy stay in L1)
+        for col in range(ow):
+            at = r * wr + col * npd
+            if oy < oh:
+                for f in range(n):
+                    g[at + f] = dy[b, f, oy, col]
+            else:
+                for f in range(n):
+                    g[at + f] = 0
     t = 0
-    for ty in range(r0, r1):
+    for ty in range(r1 - r0):
         for tx in range(tw):
-            for f in range(n):
-                (m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14,
-                 m15) = tile_adjoint(dy[b, f], 2 * ty, 2 * tx)
-                dmt[t + f] = m0
-                dmt[xs + t + f] = m1
-                dmt[2 * xs + t + f] = m2
-                dmt[3 * xs + t + f] = m3
-                dmt[4 * xs + t + f] = m4
-                dmt[5 * xs + t + f] = m5
-                dmt[6 * xs + t + f] = m6
-                dmt[7 * xs + t + f] = m7
-                dmt[8 * xs + t + f] = m8
-                dmt[9 * xs + t + f] = m9
-                dmt[10 * xs + t + f] = m10
-                dmt[11 * xs + t + f] = m11
-                dmt[12 * xs + t + f] = m12
-                dmt[13 * xs + t + f] = m13
-                dmt[14 * xs + t + f] = m14
-                dmt[15 * xs + t + f] = m15
+            at = 2 * ty * wr + 2 * tx * npd
+            for f0 in range(0, npd, simd.LANES):
+                y00 = simd.load(g, at + f0)
+                y01 = simd.load(g, at + npd + f0)
+                y10 = simd.load(g, at + wr + f0)
+                y11 = simd.load(g, at + wr + npd + f0)
+                o = t + f0
+                # A dY: 4 rows of 2, then each row (p, q) times Aᵀ: (p, p + q, p − q, −q)
+                _a_store(dmt, o, xs, 0, y00, y01)
+                _a_store(dmt, o, xs, 4, simd.add(y00, y10), simd.add(y01, y11))
+                _a_store(dmt, o, xs, 8, simd.sub(y00, y10), simd.sub(y01, y11))
+                _a_store(dmt, o, xs, 12, simd.neg(y10), simd.neg(y11))
             t += npd
+
+
+@jit(inline="always")
+def _a_store(dmt, o, xs, xi, p, q):
+    """dmt at o in matrices xi .. xi + 3 (xs apart) := p, p + q, p − q, −q."""
+    simd.store(dmt, xi * xs + o, p)
+    simd.store(dmt, (xi + 1) * xs + o, simd.add(p, q))
+    simd.store(dmt, (xi + 2) * xs + o, simd.sub(p, q))
+    simd.store(dmt, (xi + 3) * xs + o, simd.neg(q))
 
 
 def groups(n: int, bands: int, threads: int) -> int:
