@@ -1,9 +1,10 @@
 """Register-blocked SIMD microkernels for small matrix products inside numba kernels: 4 rows x 2
 vectors of columns in eight vector accumulators (kernels/simd.py, `rows4x2`: rows anywhere), 8
 rows x 2 vectors in sixteen (`rows8x2`: rows evenly spaced) and 8 rows x 1 vector (`rows8x1`),
-summed over any range of the shared dimension. Operands are flat arrays with offsets and strides, so a caller reads its
-matrices in place (the fused attention, kernels/attention.py, reads a head's rows out of the
-layer's time-major buffers).
+summed over any range of the shared dimension, written or (8-row kernels) added to what the
+output holds. Operands are flat arrays with offsets and strides, so a caller reads its matrices
+in place (the fused attention, kernels/attention.py, reads a head's rows out of the layer's
+time-major buffers; the fused Winograd bands, kernels/winograd_fused.py, the kept V).
 
 Per step of the sum (`rows4x2`): two vector loads of the right operand's row, four scalars of the
 left one broadcast, eight FMAs; with AVX-512 the eight accumulators are as many as two FMA ports

@@ -36,8 +36,9 @@ from .winograd import store_tile, tile_inputs, tile_outputs
 #: stores and loads fall into the same cache sets.
 XI_PAD = 16
 #: Tiles per band (whole tile rows, at least one): at most BAND_TILES, and at most as many as keep
-#: V and M of a band, 16·(c + n)·tiles values, within BAND_VALUES (1 MiB in float32, half a core's
-#: L2: 128 tiles up to 64 -> 64 channels, 64 at 128 -> 128, 32 at 256 -> 256).
+#: a band's V and one block of its M, 16·(c + min(n, FILTER_BLOCK))·tiles values, within
+#: BAND_VALUES (1 MiB in float32, half a core's L2: 128 tiles up to 96 input channels, 102 at 128,
+#: 56 at 256).
 BAND_TILES = 128
 BAND_VALUES = 1 << 18
 #: Filters whose products a band computes and finishes at a time: M holds 16·FILTER_BLOCK·tiles
@@ -98,9 +99,10 @@ def _band_products(m, u, ustr, v, vb0, vrs, vcs, f0, nf, c, ntp):
     """M[ξ] (nf, ntp) = U[ξ] (filters f0..f0+nf−1, c) @ V[ξ] (c, ntp) for the 16 ξ: M[ξ][i, t] at
     m[ξ·(nf·ntp + XI_PAD) + i·ntp + t], U[ξ][f, ch] at u[ξ·ustr + f·c + ch], V[ξ][ch, t] at
     v[vb0 + ξ·vrs + ch·vcs + t]; ntp a multiple of LANES (the columns past the band's tiles are
-    read whatever they hold: their products are never used). Column blocks outside, filters inside: a block's c rows of V stay in L1. Eight filters
-    at a time; the last nf % 8 one at a time (each as eight equal rows: correct, not fast; the
-    layer's filter groups are whole eights)."""
+    read whatever they hold: their products are never used). Column blocks outside, filters
+    inside: a block's c rows of V stay in L1. Eight filters at a time; the last nf % 8 one at a
+    time (each as eight equal rows: correct, not fast; the layer's filter groups are whole
+    eights)."""
     for xi in range(16):
         vb = vb0 + xi * vrs
         mb = xi * (nf * ntp + XI_PAD)
@@ -164,7 +166,7 @@ def weight_grad3x3(du, x, dy, pad, bands, vk, chunk):
     microkernels over eight channels x two vectors of filters, summed over the band's tiles."""
     S, c, npd = du.shape[0], du.shape[2], du.shape[3]
     nb = x.shape[0]
-    n, oh, ow = dy.shape[1], dy.shape[2], dy.shape[3]
+    oh, ow = dy.shape[2], dy.shape[3]
     th, tw = (oh + 1) // 2, (ow + 1) // 2
     total = nb * bands
     rmax = -(-th // bands)

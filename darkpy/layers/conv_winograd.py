@@ -6,8 +6,9 @@ transforms (kernels/winograd.py) and the 16 GEMMs between them, and the weight g
 shared workspace (kernels/im2col.py), the transformed input V (16 matrices c x tiles) and product M
 (16 matrices n x tiles) of a chunk after them, each set of 16 XI_PAD values apart (`_xi_rows`).
 Each transform is one kernel over the chunk, the 16 GEMMs one `blas.matmul` call (as concurrent
-streams, one per thread). Correlations over few channels skip the chunks: one fused kernel does the
-three steps band by band (`FUSED_BANDS`, kernels/winograd_fused.py).
+streams, one per thread). Correlations over few channels, and wider ones in small batches, skip
+the chunks: one fused kernel does the three steps band by band (`FUSED_BANDS`,
+kernels/winograd_fused.py); over few channels the weight gradient too (`FUSED_WGRAD`).
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import numpy as np
 
 from .. import blas
 from ..kernels import im2col as ic
-from ..kernels import winograd as wg
 from ..kernels import simd
+from ..kernels import winograd as wg
 from ..kernels import winograd_fused as wf
 from ..kernels.pool2x2 import no_pool
 
@@ -56,8 +57,8 @@ KEPT_FILTER_VALUES = 1 << 23
 #: cifar 0.95x the time, darknet.cfg 0.97x, yolov3-tiny 0.96x, darknet19 level.
 KEEP_ANYWAY = True
 #: Fused bands (kernels/winograd_fused.py: each band of tile rows transformed, multiplied by the
-#: register-blocked microkernel and finished in one task, V in L2) for the forward (but the
-#: training forward that keeps V) and the input gradient of two kinds of correlation (`_fused`):
+#: register-blocked microkernel and finished in one task, V in L2) for the forward and the input
+#: gradient of two kinds of correlation (`_fused`):
 #: - over at most FUSED_MAX_CHANNELS input channels with at least FUSED_MIN_TILES tiles per item,
 #:   at any batch: the 16 GEMMs' shared dimension (K = c) is short, where OpenBLAS runs far below
 #:   its rate, and V and M dominate the traffic. Alternating in one process (2 threads, 2-core
@@ -80,14 +81,17 @@ FUSED_MIN_TILES = 64
 FUSED_WIDE_MAX_WEIGHTS = 256 * 256
 FUSED_WIDE_MAX_TILES = 1024
 #: The training forward that keeps V for the weight gradient takes the fused bands too, each band
-#: also copying its V into the kept buffer. False: that forward stays chunked.
+#: writing its V straight into the kept buffer (in the chunked layout; the products read it from
+#: there). Alternating in one process (2 threads, 2-core AVX-512 Xeon): shapes-tiny's training
+#: step at b32 0.96-0.99x the time, digits' level. False: that forward stays chunked.
 FUSED_KEEP = True
 #: The weight gradient of correlations over at most FUSED_MAX_CHANNELS input channels (and at
 #: least a quarter of FUSED_MIN_TILES tiles per item) in bands too (`wf.weight_grad3x3`): per band
 #: V (kept, or made) and dMᵀ in L2, the products summed into WGRAD_SLICES partial sums (a fixed
 #: number, so the bits do not depend on the thread count), instead of the 16 GEMMs dM Vᵀ over
 #: the whole chunk (K = its tiles, M x N = n x c: OpenBLAS at ~128 GFLOP/s on 2 threads for
-#: shapes-tiny's 96 -> 64 layer). False: the chunked GEMMs.
+#: shapes-tiny's 96 -> 64 layer). Same machine, alternating: shapes-tiny's training step at b32
+#: 0.94-0.95x the time, digits' 0.97-0.98x. False: the chunked GEMMs.
 FUSED_WGRAD = True
 WGRAD_SLICES = 4
 _NONE = np.empty(0)
@@ -180,7 +184,8 @@ class WinogradConv:
         """weights.grad += the gradient of the Winograd forward, exactly the convolution's: per
         chunk, dM = A dY Aᵀ per tile (dy (B, n, oh, ow)), the 16 GEMMs dU[ξ] = dM[ξ] @ V[ξ]ᵀ with V
         the input's transform (x (B, c, h, w); kept by the training forward when it fits
-        WINOGRAD_KEEP_VALUES, else computed again), and Gᵀ dU G added into the gradient."""
+        WINOGRAD_KEEP_VALUES, else computed again), and Gᵀ dU G added into the gradient. Over few
+        channels (FUSED_WGRAD) the same sums band by band instead (`wf.weight_grad3x3`)."""
         n, c = self.n, self.in_shape[0]
         th, tw = wg.tiles(*dy.shape[2:])
         if FUSED_WGRAD and c <= FUSED_MAX_CHANNELS and th * tw >= FUSED_MIN_TILES // 4:
