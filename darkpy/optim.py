@@ -131,19 +131,31 @@ def adamw_step(w, g, m, v, rate, batch, b1, b2, eps, t, decay):
             _adamw_span(w[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], step, ib, b1, b2, ic2, eps, shrink)
 
 
+#: Spans of `sum_squares` from which they run in parallel. One span (64k values) takes ~7 µs on
+#: one core, about what starting a parallel region costs: tiny-gpt's 54 gradients (867k values,
+#: 20 of them 32k-66k) took 1.04 ms a step in parallel regions of one or two spans.
+SUM_PARALLEL_SPANS = 8
+
+
 @pjit
 def sum_squares(g):
-    """Σ g² of g: (n,), accumulated in float64: spans of 64k values (in parallel from PARALLEL_MIN
-    values), each in 8 lanes (`vm.row_dot`), the span sums added in order: the same bits at any
-    thread count. Non-finite iff some value is (float32 squares cannot overflow float64)."""
+    """Σ g² of g: (n,), accumulated in float64: spans of 64k values (from PARALLEL_MIN values;
+    in parallel from SUM_PARALLEL_SPANS spans), each in 8 lanes (`vm.row_dot`), the span sums
+    added in order: the same bits at any thread count. Non-finite iff some value is (float32
+    squares cannot overflow float64)."""
     n = g.shape[0]
     span = 1 << 16
     if n < PARALLEL_MIN:
         return vm.row_dot(g, g, n)
     parts = np.empty((n + span - 1) // span)       # (np.zeros would be a parallel region of its own)
-    for k in prange(parts.shape[0]):
-        lo, hi = k * span, min(n, (k + 1) * span)
-        parts[k] = vm.row_dot(g[lo:hi], g[lo:hi], hi - lo)
+    if parts.shape[0] < SUM_PARALLEL_SPANS:
+        for k in range(parts.shape[0]):
+            lo, hi = k * span, min(n, (k + 1) * span)
+            parts[k] = vm.row_dot(g[lo:hi], g[lo:hi], hi - lo)
+    else:
+        for k in prange(parts.shape[0]):
+            lo, hi = k * span, min(n, (k + 1) * span)
+            parts[k] = vm.row_dot(g[lo:hi], g[lo:hi], hi - lo)
     total = 0.0
     for k in range(parts.shape[0]):
         total += parts[k]

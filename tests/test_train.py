@@ -696,3 +696,19 @@ def test_configure_threads_sets_numba_threads(monkeypatch):
         assert T.configure_threads(10_000) == numba.config.NUMBA_NUM_THREADS
     finally:
         numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("spans", [1, 3, 9])
+def test_sum_squares_adds_its_spans_in_order(spans):
+    """optim.sum_squares: the float64 span sums added in order whether the spans run one after
+    the other (fewer than SUM_PARALLEL_SPANS) or in parallel; equal to the float64 Σ g²."""
+    from darkpy import optim
+    span = 1 << 16
+    g = np.random.default_rng(spans).standard_normal(spans * span - 5).astype(np.float32)
+    g64 = g.astype(np.float64)
+    want = 0.0
+    for lo in range(0, g.size, span):
+        want += float(optim.vm.row_dot(g[lo:lo + span], g[lo:lo + span], min(span, g.size - lo)))
+    got = optim.sum_squares(g)
+    assert got == want
+    assert abs(got - float(g64 @ g64)) <= 1e-9 * got
