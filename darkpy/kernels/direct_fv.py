@@ -33,6 +33,7 @@ import numpy as np
 from numba import prange
 
 from . import PARALLEL_MIN, simd
+from .microgemm import fma2
 from .bn import affine_act_row
 
 #: Filters per microkernel: two vectors.
@@ -124,12 +125,6 @@ def filters_last(wt, w):
 
 
 @_jit
-def _fma2(a0, a1, u, w0, w1):
-    """(a0 + u·w0, a1 + u·w1): one input value broadcast against two vectors of filters."""
-    return simd.fma(a0, u, w0), simd.fma(a1, u, w1)
-
-
-@_jit
 def _store2(out, v, a0, a1):
     """out[v·LANES:(v+2)·LANES] := two accumulators, in order."""
     simd.store(out, v * simd.LANES, a0)
@@ -157,12 +152,12 @@ def _tile6(out, src, s0, wt, npad, toff, pos, p0, f0):
         o = toff[t]
         w0 = simd.load(wt, t * npad + f0)
         w1 = simd.load(wt, t * npad + f0 + simd.LANES)
-        a00, a01 = _fma2(a00, a01, simd.get(src, b0 + o), w0, w1)
-        a10, a11 = _fma2(a10, a11, simd.get(src, b1 + o), w0, w1)
-        a20, a21 = _fma2(a20, a21, simd.get(src, b2 + o), w0, w1)
-        a30, a31 = _fma2(a30, a31, simd.get(src, b3 + o), w0, w1)
-        a40, a41 = _fma2(a40, a41, simd.get(src, b4 + o), w0, w1)
-        a50, a51 = _fma2(a50, a51, simd.get(src, b5 + o), w0, w1)
+        a00, a01 = fma2(a00, a01, simd.get(src, b0 + o), w0, w1)
+        a10, a11 = fma2(a10, a11, simd.get(src, b1 + o), w0, w1)
+        a20, a21 = fma2(a20, a21, simd.get(src, b2 + o), w0, w1)
+        a30, a31 = fma2(a30, a31, simd.get(src, b3 + o), w0, w1)
+        a40, a41 = fma2(a40, a41, simd.get(src, b4 + o), w0, w1)
+        a50, a51 = fma2(a50, a51, simd.get(src, b5 + o), w0, w1)
     _store8(out, a00, a01, a10, a11, a20, a21, a30, a31)
     _store2(out, 8, a40, a41)
     _store2(out, 10, a50, a51)
@@ -178,10 +173,10 @@ def _tile4(out, src, s0, wt, npad, toff, pos, p0, f0):
         o = toff[t]
         w0 = simd.load(wt, t * npad + f0)
         w1 = simd.load(wt, t * npad + f0 + simd.LANES)
-        a00, a01 = _fma2(a00, a01, simd.get(src, b0 + o), w0, w1)
-        a10, a11 = _fma2(a10, a11, simd.get(src, b1 + o), w0, w1)
-        a20, a21 = _fma2(a20, a21, simd.get(src, b2 + o), w0, w1)
-        a30, a31 = _fma2(a30, a31, simd.get(src, b3 + o), w0, w1)
+        a00, a01 = fma2(a00, a01, simd.get(src, b0 + o), w0, w1)
+        a10, a11 = fma2(a10, a11, simd.get(src, b1 + o), w0, w1)
+        a20, a21 = fma2(a20, a21, simd.get(src, b2 + o), w0, w1)
+        a30, a31 = fma2(a30, a31, simd.get(src, b3 + o), w0, w1)
     _store8(out, a00, a01, a10, a11, a20, a21, a30, a31)
 
 
@@ -347,12 +342,12 @@ def _wtile(out, src, item, dt, npad, S, B, toff, t0, pos, f0):
             r = (b * S + p) * npad + f0
             w0 = simd.load(dt, r)
             w1 = simd.load(dt, r + simd.LANES)
-            a00, a01 = _fma2(a00, a01, simd.get(src, q + o0), w0, w1)
-            a10, a11 = _fma2(a10, a11, simd.get(src, q + o1), w0, w1)
-            a20, a21 = _fma2(a20, a21, simd.get(src, q + o2), w0, w1)
-            a30, a31 = _fma2(a30, a31, simd.get(src, q + o3), w0, w1)
-            a40, a41 = _fma2(a40, a41, simd.get(src, q + o4), w0, w1)
-            a50, a51 = _fma2(a50, a51, simd.get(src, q + o5), w0, w1)
+            a00, a01 = fma2(a00, a01, simd.get(src, q + o0), w0, w1)
+            a10, a11 = fma2(a10, a11, simd.get(src, q + o1), w0, w1)
+            a20, a21 = fma2(a20, a21, simd.get(src, q + o2), w0, w1)
+            a30, a31 = fma2(a30, a31, simd.get(src, q + o3), w0, w1)
+            a40, a41 = fma2(a40, a41, simd.get(src, q + o4), w0, w1)
+            a50, a51 = fma2(a50, a51, simd.get(src, q + o5), w0, w1)
     _store8(out, a00, a01, a10, a11, a20, a21, a30, a31)
     _store2(out, 8, a40, a41)
     _store2(out, 10, a50, a51)
@@ -363,7 +358,7 @@ def _wgrad_tables(x, d, k, sy, sx, pad):
     """(source, plane values, row length, delta buffer, npad, tap offsets padded to whole TV by
     repeating the last, position offsets) of `weight_grad`; the source is x itself without
     padding, else a buffer for the padded planes; the buffers are filled by `_wgrad_fill`."""
-    B, C = x.shape[0], x.shape[1]
+    B = x.shape[0]
     N, oh, ow = d.shape[1], d.shape[2], d.shape[3]
     plane, wp, toff0, pos = _tables(x, k, sy, sx, pad, oh, ow)
     K = toff0.shape[0]

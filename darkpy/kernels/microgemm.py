@@ -30,26 +30,14 @@ def rows4x2(out, o0, o1, o2, o3, lhs, l0, l1, l2, l3, rhs, r0, rstr, klo, khi):
         ri = r0 + k * rstr
         v0 = simd.load(rhs, ri)
         v1 = simd.load(rhs, ri + simd.LANES)
-        x = simd.get(lhs, l0 + k)
-        a0 = simd.fma(a0, x, v0)
-        a1 = simd.fma(a1, x, v1)
-        x = simd.get(lhs, l1 + k)
-        b0 = simd.fma(b0, x, v0)
-        b1 = simd.fma(b1, x, v1)
-        x = simd.get(lhs, l2 + k)
-        c0 = simd.fma(c0, x, v0)
-        c1 = simd.fma(c1, x, v1)
-        x = simd.get(lhs, l3 + k)
-        d0 = simd.fma(d0, x, v0)
-        d1 = simd.fma(d1, x, v1)
-    simd.store(out, o0, a0)
-    simd.store(out, o0 + simd.LANES, a1)
-    simd.store(out, o1, b0)
-    simd.store(out, o1 + simd.LANES, b1)
-    simd.store(out, o2, c0)
-    simd.store(out, o2 + simd.LANES, c1)
-    simd.store(out, o3, d0)
-    simd.store(out, o3 + simd.LANES, d1)
+        a0, a1 = fma2(a0, a1, simd.get(lhs, l0 + k), v0, v1)
+        b0, b1 = fma2(b0, b1, simd.get(lhs, l1 + k), v0, v1)
+        c0, c1 = fma2(c0, c1, simd.get(lhs, l2 + k), v0, v1)
+        d0, d1 = fma2(d0, d1, simd.get(lhs, l3 + k), v0, v1)
+    _store2(out, o0, a0, a1)
+    _store2(out, o1, b0, b1)
+    _store2(out, o2, c0, c1)
+    _store2(out, o3, d0, d1)
 
 
 @jit(inline="always")
@@ -71,14 +59,14 @@ def rows8x2(out, ob, ostr, lhs, lb, lstr, rhs, r0, rstr, klo, khi, add):
         v0 = simd.load(rhs, ri)
         v1 = simd.load(rhs, ri + simd.LANES)
         li = lb + k
-        a0, a1 = _fma2(a0, a1, simd.get(lhs, li), v0, v1)
-        b0, b1 = _fma2(b0, b1, simd.get(lhs, li + lstr), v0, v1)
-        c0, c1 = _fma2(c0, c1, simd.get(lhs, li + 2 * lstr), v0, v1)
-        d0, d1 = _fma2(d0, d1, simd.get(lhs, li + 3 * lstr), v0, v1)
-        e0, e1 = _fma2(e0, e1, simd.get(lhs, li + 4 * lstr), v0, v1)
-        f0, f1 = _fma2(f0, f1, simd.get(lhs, li + 5 * lstr), v0, v1)
-        g0, g1 = _fma2(g0, g1, simd.get(lhs, li + 6 * lstr), v0, v1)
-        h0, h1 = _fma2(h0, h1, simd.get(lhs, li + 7 * lstr), v0, v1)
+        a0, a1 = fma2(a0, a1, simd.get(lhs, li), v0, v1)
+        b0, b1 = fma2(b0, b1, simd.get(lhs, li + lstr), v0, v1)
+        c0, c1 = fma2(c0, c1, simd.get(lhs, li + 2 * lstr), v0, v1)
+        d0, d1 = fma2(d0, d1, simd.get(lhs, li + 3 * lstr), v0, v1)
+        e0, e1 = fma2(e0, e1, simd.get(lhs, li + 4 * lstr), v0, v1)
+        f0, f1 = fma2(f0, f1, simd.get(lhs, li + 5 * lstr), v0, v1)
+        g0, g1 = fma2(g0, g1, simd.get(lhs, li + 6 * lstr), v0, v1)
+        h0, h1 = fma2(h0, h1, simd.get(lhs, li + 7 * lstr), v0, v1)
     _store2(out, ob, a0, a1)
     _store2(out, ob + ostr, b0, b1)
     _store2(out, ob + 2 * ostr, c0, c1)
@@ -99,7 +87,7 @@ def _start2(out, at, add):
 
 
 @jit(inline="always")
-def _fma2(acc0, acc1, x, v0, v1):
+def fma2(acc0, acc1, x, v0, v1):
     """(acc0 + x·v0, acc1 + x·v1)."""
     return simd.fma(acc0, x, v0), simd.fma(acc1, x, v1)
 
