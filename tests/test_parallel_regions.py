@@ -107,7 +107,7 @@ CASES = {
     "bias+act backward": (bnk.bias_act_backward, lambda: (_f32(2, 3, 8), _f32(2, 3, 8), _f32(2, 3, 8), _f32(3), act.LEAKY)),
     "bias+act forward rows": (bnk.bias_act_forward_rows, lambda: (_f32(2, 3), _f32(2, 3), _f32(3), act.LEAKY, False)),
     "bias+act backward rows": (bnk.bias_act_backward_rows, lambda: (_f32(2, 3), _f32(2, 3), _f32(2, 3), _f32(3),
-                                                                     np.zeros(3), act.LEAKY)),
+                                                                     act.LEAKY)),
     "bn forward train": (bnk.bn_act_forward_train, lambda: _bn_args("train")),
     "bn forward infer": (bnk.bn_act_forward_infer, lambda: _bn_args("infer")),
     "bn backward": (bnk.bn_act_backward, lambda: _bn_args("backward")),

@@ -72,8 +72,38 @@ def test_row_kernels_equal_the_channel_kernels(name, rows):
     g1, g2 = np.zeros(C, np.float32), np.zeros(C, np.float32)
     pre1, pre2 = (p1, p2) if keep else (y1, y2)
     bnk.bias_act_backward(d1.reshape(rows, C, 1), y1.reshape(rows, C, 1), pre1.reshape(rows, C, 1), g1, a)
-    bnk.bias_act_backward_rows(d2, y2, pre2, g2, np.empty(C), a)
+    bnk.bias_act_backward_rows(d2, y2, pre2, g2, a)
     if a == act.GELU_F32:       # gelu' at y + bias unrounded (rows) or rounded to float32 (pre)
         assert np.allclose(d1, d2, rtol=1e-6, atol=1e-7) and np.allclose(g1, g2, rtol=1e-6, atol=1e-6)
-    else:
-        assert np.array_equal(d1, d2) and np.array_equal(g1, g2)
+    else:                       # the bias gradient: float64 sums of the same values, by chunks of rows
+        assert np.array_equal(d1, d2) and np.allclose(g1, g2, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["linear", "leaky", "gelu"])
+def test_row_bias_gradient_is_float64_sums_with_the_same_bits_at_any_thread_count(name):
+    """bias_act_backward_rows over 1030 rows (chunks of GRAD_CHUNK rows, a last partial one, in
+    parallel): the bias gradient is the float64 sum of the gradients it leaves in delta, and one
+    thread gives the bits two give."""
+    import numba
+    a = act.kernel_code(act.CODES[name], np.float32)
+    rng = np.random.default_rng(2)
+    rows, C = 1030, 200
+    y = rng.normal(0, 2, (rows, C)).astype(np.float32)
+    pre = rng.normal(0, 1, (rows, C)).astype(np.float32)
+    delta = rng.normal(0, 1, (rows, C)).astype(np.float32)
+    runs = []
+    saved = numba.get_num_threads()
+    for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+        d, g = delta.copy(), np.full(C, 0.5, np.float32)
+        numba.set_num_threads(threads)
+        try:
+            bnk.bias_act_backward_rows(d, y, pre, g, a)
+        finally:
+            numba.set_num_threads(saved)
+        runs.append((d, g))
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+    d, g = runs[0]
+    # GELU_F32 sums the products delta·gelu' unrounded (pre holds gelu'); the others what they leave
+    terms = delta.astype(np.float64) * pre if a == act.GELU_F32 else d.astype(np.float64)
+    assert np.allclose(g, (0.5 + terms.sum(0)).astype(np.float32), rtol=1e-6, atol=1e-6)

@@ -135,6 +135,47 @@ def test_layernorm_forward_and_gradients():
     layer_gradcheck(net, 0, x)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows,n", [(5, 37), (300, 128), (1030, 40)])
+def test_layernorm_kernels_against_float64_at_any_thread_count(rows, n, dtype):
+    """The vector row sums (whole vectors and a scalar tail), the row-chunked parameter gradients
+    (a last partial chunk; above PARALLEL_MIN the chunks in parallel) against numpy in float64,
+    and the same bits on one thread as on two."""
+    import numba
+    from darkpy.layers.layernorm import layernorm_backward, layernorm_forward
+    rng = np.random.default_rng(rows)
+    x = (rng.normal(size=(rows, n)) * 3 + 1).astype(dtype)
+    gain, bias = rng.normal(size=n).astype(dtype), rng.normal(size=n).astype(dtype)
+    d = rng.normal(size=(rows, n)).astype(dtype)
+    runs = []
+    saved = numba.get_num_threads()
+    for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+        numba.set_num_threads(threads)
+        try:
+            out, xhat, inv = np.empty_like(x), np.empty_like(x), np.empty((rows, 1), dtype)
+            layernorm_forward(out, xhat, inv, x, gain, bias, 1e-5)
+            dx, bg, gg = np.ones_like(x), np.ones(n, dtype), np.ones(n, dtype)
+            layernorm_backward(dx, bg, gg, d, xhat, inv, gain, True)
+        finally:
+            numba.set_num_threads(saved)
+        runs.append((out, inv, dx, bg, gg))
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    out, inv, dx, bg, gg = runs[0]
+    x64, d64 = x.astype(np.float64), d.astype(np.float64)
+    mu, var = x64.mean(1, keepdims=True), x64.var(1, keepdims=True)
+    k = 1 / np.sqrt(var + 1e-5)
+    xh = (x64 - mu) * k
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    assert_close(inv, k, tol, tol, "1/sqrt(var + eps)")
+    assert_close(out, xh * gain + bias, tol, tol, "layernorm forward")
+    dg = d64 * gain
+    want_dx = 1 + k * (dg - dg.mean(1, keepdims=True) - xh * (dg * xh).mean(1, keepdims=True))
+    assert_close(dx, want_dx, 20 * tol, 20 * tol, "input gradient")
+    assert_close(bg, 1 + d64.sum(0), 20 * tol, 20 * tol, "bias gradient")
+    assert_close(gg, 1 + (d64 * xh).sum(0), 20 * tol, 20 * tol, "gain gradient")
+
+
 # -- [attention] --------------------------------------------------------------------------------------
 
 def attention_reference(x, layer, ids=None):

@@ -45,6 +45,19 @@ def _lanewise(out, a, b):
     simd.store(out, 0, simd.add(u, v))
     simd.store(out, L, simd.sub(u, v))
     simd.store(out, 2 * L, simd.neg(u))
+    simd.store(out, 3 * L, simd.mul(u, v))
+
+
+@numba.njit(cache=False)
+def _widened(wide, lanes, a, s):
+    """wide: a's values as float64 and s·(1 + a) in float64 lanes; lanes: each lane of the splat
+    s read back one by one."""
+    w = simd.widen(simd.load(a, 0))
+    simd.store(wide, 0, w)
+    sv = simd.splat(w, s)
+    simd.store(wide, L, simd.mul(sv, simd.add(simd.splat(w, 1), w)))
+    for i in range(L):
+        lanes[i] = simd.lane(sv, i)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -52,10 +65,22 @@ def test_lanewise_operations_give_the_scalar_bits(dtype):
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal(L).astype(dtype), rng.standard_normal(L).astype(dtype)
     a[0], b[1] = 0.0, -0.0
-    out = np.empty(3 * L, dtype)
+    out = np.empty(4 * L, dtype)
     _lanewise(out, a, b)
-    for got, want in ((out[:L], a + b), (out[L:2 * L], a - b), (out[2 * L:], -a)):
+    for got, want in ((out[:L], a + b), (out[L:2 * L], a - b), (out[2 * L:3 * L], -a), (out[3 * L:], a * b)):
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_widen_splat_and_lane(dtype):
+    a = np.random.default_rng(4).standard_normal(L).astype(dtype)
+    a[0] = np.finfo(dtype).tiny / 4               # a subnormal survives the widening exactly
+    wide, lanes = np.empty(2 * L), np.empty(L)
+    _widened(wide, lanes, a, 0.1)
+    a64 = a.astype(np.float64)
+    np.testing.assert_array_equal(wide[:L], a64)
+    np.testing.assert_array_equal(wide[L:], 0.1 * (1 + a64))
+    np.testing.assert_array_equal(lanes, np.full(L, 0.1))
 
 
 @numba.njit(cache=False)

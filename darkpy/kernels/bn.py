@@ -24,6 +24,7 @@ import functools
 import math
 
 import numba
+import numpy as np
 from numba import prange
 
 from . import PARALLEL_MIN, jit, pjit, vjit
@@ -206,7 +207,8 @@ def bias_act_backward(delta, y, pre, bias_grad, act):
 # -- (rows, units) layout: connected layers and 1×1 maps (S = 1) ---------------------------------
 # With S = 1 the (B, C, S) kernels above make one call per value and cannot vectorise; these run
 # along each row of a (B, C) array instead, with the same formulas in the same precision (so the
-# same bits), and sum the bias gradient per unit in the same order (rows 0..B−1, float64).
+# same bits), and sum the bias gradient per unit in float64 (by chunks of rows: see
+# `bias_act_backward_rows`; the (B, C, S) kernel sums rows 0..B−1 in one run).
 # One difference, for the float32 exact gelu (GELU_F32) only: `pre` receives the derivative gelu'
 # at y + biases, not y + biases itself. Φ and φ cost ~40 float64 operations per value; forward
 # computes them anyway, and backward then needs one multiply instead of a second evaluation (a
@@ -298,28 +300,42 @@ def _grad_sum_row(d, y, pre, acc, a):
             acc[j] += v
 
 
+#: Rows per partial bias-gradient sum of `bias_act_backward_rows`.
+GRAD_CHUNK = 32
+
+
 @pjit
-def bias_act_backward_rows(delta, y, pre, bias_grad, acc, act):
+def bias_act_backward_rows(delta, y, pre, bias_grad, act):
     """delta: (B, C) gradient w.r.t. the activated output, in place -> w.r.t. the raw product;
     y: (B, C) activated output; pre: (B, C) pre-activation (for GELU_F32 the derivative that
     `bias_act_forward_rows` left there; any (B, C) array when the activation needs neither);
-    bias_grad: (C,) += Σ over rows (in row order, float64, as the (B, C, S) kernel); acc: (C,)
-    float64 scratch. Parallel over spans of 64 units, rows in order within each."""
+    bias_grad: (C,) += Σ over rows. Chunks of GRAD_CHUNK rows in parallel, each summing its rows
+    in order (float64), then the chunks' sums in chunk order: the same bits at any thread count
+    (rows in one pass, instead of one pass per span of units over all rows: 1024 x 128 rows
+    80 -> ~25 µs on 2 threads)."""
     nb, nc = delta.shape
-    for j in range(nc):      # a loop, not `acc[:] = 0`: in a parallel function that is a parallel region
-        acc[j] = 0.0
-    block = 64
+    chunks = (nb + GRAD_CHUNK - 1) // GRAD_CHUNK
+    part = np.empty((chunks, nc))
     if delta.size < PARALLEL_MIN:
-        for b in range(nb):
-            _grad_sum_row(delta[b], y[b], pre[b], acc, act)
+        for c in range(chunks):
+            _grad_sum_chunk(delta, y, pre, part[c], act, c * GRAD_CHUNK, min(nb, c * GRAD_CHUNK + GRAD_CHUNK))
     else:
-        for k in prange((nc + block - 1) // block):
-            lo = k * block
-            hi = min(lo + block, nc)
-            for b in range(nb):
-                _grad_sum_row(delta[b, lo:hi], y[b, lo:hi], pre[b, lo:hi], acc[lo:hi], act)
+        for c in prange(chunks):
+            _grad_sum_chunk(delta, y, pre, part[c], act, c * GRAD_CHUNK, min(nb, c * GRAD_CHUNK + GRAD_CHUNK))
     for j in range(nc):
-        bias_grad[j] += acc[j]
+        acc = 0.0
+        for c in range(chunks):
+            acc += part[c, j]
+        bias_grad[j] += acc
+
+
+@vjit
+def _grad_sum_chunk(delta, y, pre, acc, a, lo, hi):
+    """Rows lo..hi-1 of `bias_act_backward_rows`: acc (C,) := their sum after the activation."""
+    for j in range(acc.shape[0]):
+        acc[j] = 0.0
+    for b in range(lo, hi):
+        _grad_sum_row(delta[b], y[b], pre[b], acc, a)
 
 
 @jit(inline="always")

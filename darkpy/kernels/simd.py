@@ -10,10 +10,12 @@ register-blocked microkernel (kernels/direct.py: 4 filters x 16 positions in 8 a
 Inside a kernel only: `load(a, i)` (a[i:i+LANES] of a 1-D C-contiguous array), `store(a, i, v)`,
 `get(a, i)` (the scalar a[i]),
 `zero(a)` (a vector of a's dtype), `fma(acc, s, v)` (acc + s·v per lane, rounded once: LLVM's
-fma, one instruction where the CPU has FMA), and `add(u, v)`, `sub(u, v)`, `neg(v)` (per lane,
-IEEE: each lane the bits of the scalar operation). **load, store and get check no bounds**: the caller
-guarantees a[i:i+LANES] lies inside the array. float32 is the real work, float64 the gradient
-checks (the same source, like every kernel here). LANES is the float32 width of the widest vector
+fma, one instruction where the CPU has FMA), `add(u, v)`, `sub(u, v)`, `mul(u, v)`, `neg(v)` (per
+lane, IEEE: each lane the bits of the scalar operation), `widen(v)` (as float64), `splat(v, s)`
+(s in every lane of a vector like v) and `lane(v, i)`.
+**load, store and get check no bounds**: the caller guarantees a[i:i+LANES] lies inside the
+array. float32 is the real work, float64 the gradient checks (the same source, like every kernel
+here). LANES is the float32 width of the widest vector
 register of the CPU numba compiles for (`_lanes`): 16 where it has AVX-512F, else 8; float64 and
 SSE-only machines use several registers per vector (LLVM splits it). The kernels' cached machine
 code is keyed on that CPU too, so a cache never mixes the two widths.
@@ -119,6 +121,15 @@ def zero(typingctx, a):
     return Vector(a.dtype)(a), codegen
 
 
+def _splat(context, builder, sig, args):
+    """The scalar args[1] (cast to the result's dtype) in every lane of a vector of sig's result."""
+    vty = context.get_value_type(sig.return_type)
+    scalar = context.cast(builder, args[1], sig.args[1], sig.return_type.dtype)
+    undef = ir.Constant(vty, ir.Undefined)
+    lane0 = builder.insert_element(undef, scalar, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(lane0, undef, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+
+
 @intrinsic
 def fma(typingctx, acc, s, v):
     """acc + s·v in every lane, s a scalar (cast to the vectors' dtype), one rounding per lane."""
@@ -127,14 +138,9 @@ def fma(typingctx, acc, s, v):
 
     def codegen(context, builder, sig, args):
         vty = context.get_value_type(sig.return_type)
-        scalar = context.cast(builder, args[1], sig.args[1], sig.return_type.dtype)
-        undef = ir.Constant(vty, ir.Undefined)
-        lane0 = builder.insert_element(undef, scalar, ir.Constant(_I32, 0))
-        lanes0 = ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES)
-        splat = builder.shuffle_vector(lane0, undef, lanes0)
         name = f"llvm.fma.v{LANES}f{sig.return_type.dtype.bitwidth}"
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3), name)
-        return builder.call(fn, [splat, args[2], args[0]])
+        return builder.call(fn, [_splat(context, builder, sig, args), args[2], args[0]])
     return acc(acc, s, v), codegen
 
 
@@ -150,9 +156,46 @@ def _binary(op):
     return intrinsic(typer)
 
 
-#: u + v and u − v in every lane.
+#: u + v, u − v and u·v in every lane.
 add = _binary("fadd")
 sub = _binary("fsub")
+mul = _binary("fmul")
+
+
+@intrinsic
+def widen(typingctx, v):
+    """v's values as a float64 vector (exact: every float32 is a float64; a float64 v as it is)."""
+    if not (isinstance(v, Vector) and v.dtype in (types.float32, types.float64)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        if sig.args[0].dtype == types.float64:
+            return args[0]
+        return builder.fpext(args[0], context.get_value_type(sig.return_type))
+    return Vector(types.float64)(v), codegen
+
+
+@intrinsic
+def splat(typingctx, v, s):
+    """A vector of v's type with s (cast to its dtype) in every lane."""
+    if not (isinstance(v, Vector) and isinstance(s, (types.Float, types.Integer))):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _splat(context, builder, sig, args)
+    return v(v, s), codegen
+
+
+@intrinsic
+def lane(typingctx, v, i):
+    """Lane i of v, a scalar (i a compile-time-free integer below LANES; not checked)."""
+    if not (isinstance(v, Vector) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        idx = context.cast(builder, args[1], sig.args[1], types.int32)
+        return builder.extract_element(args[0], idx)
+    return v.dtype(v, i), codegen
 
 
 @intrinsic

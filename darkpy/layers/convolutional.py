@@ -651,7 +651,7 @@ def backward_bias_bn_act(layer, d: np.ndarray, y: np.ndarray) -> None:
         if d.shape[2] == 1:
             d2, y2 = d.reshape(d.shape[:2]), y.reshape(d.shape[:2])
             bnk.bias_act_backward_rows(d2, y2, layer.pre.reshape(d2.shape) if layer.pre.size else y2,
-                                       layer.biases.grad, np.empty(d2.shape[1]), a)
+                                       layer.biases.grad, a)
         else:
             bnk.bias_act_backward(d, y, layer.pre.reshape(d.shape) if layer.pre.size else y,
                                   layer.biases.grad, a)

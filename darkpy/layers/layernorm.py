@@ -12,76 +12,141 @@ import math
 import numpy as np
 from numba import prange
 
-from ..kernels import PARALLEL_MIN, pjit, vjit
-from ..kernels import vecmath as vm
+from ..kernels import PARALLEL_MIN, jit, pjit, simd, vjit
+from ..kernels.simd import LANES
 from .base import Layer, Param, State, numel, register
 
 
-# -- kernels (row statistics in float64, summed in 8 lanes: kernels/vecmath.py) -----------------
+# -- kernels ---------------------------------------------------------------------------------------
+# Row statistics and the backward's two row means are float64 sums in SIMD vectors (one lane per
+# column position modulo LANES, the lanes added in order after): a row of 128 float32 values is
+# eight vector adds, not 128 scalar ones. The parameter gradients are summed per chunk of
+# GRAD_CHUNK rows (in row order, float64), the chunks in parallel, then the chunks' sums in chunk
+# order: the same bits at any thread count (the order depends on LANES and GRAD_CHUNK only).
+GRAD_CHUNK = 32
+
+
+@jit(inline="always")
+def _lanes_total(acc):
+    """Σ of a float64 vector's lanes, in lane order."""
+    s = 0.0
+    for lane in range(LANES):
+        s += simd.lane(acc, lane)
+    return s
+
+
+@jit(inline="always")
+def _mean_inv(x, n, eps):
+    """(mean, 1/sqrt(var + eps)) of the row x (n,) in float64 (biased var, two passes)."""
+    nv = n - n % LANES
+    zero = simd.widen(simd.zero(x))
+    acc = zero
+    for j in range(0, nv, LANES):
+        acc = simd.add(acc, simd.widen(simd.load(x, j)))
+    s = _lanes_total(acc)
+    for j in range(nv, n):
+        s += x[j]
+    m = s / n
+    mv = simd.splat(acc, m)
+    acc = zero
+    for j in range(0, nv, LANES):
+        t = simd.sub(simd.widen(simd.load(x, j)), mv)
+        acc = simd.add(acc, simd.mul(t, t))
+    q = _lanes_total(acc)
+    for j in range(nv, n):
+        t = x[j] - m
+        q += t * t
+    return m, 1.0 / math.sqrt(q / n + eps)
+
+
 @vjit
-def _ln_row(out, xhat, inv, x, gain, bias, eps, b):
-    n = x.shape[1]
-    mean = vm.row_sum(x[b], n) / n
-    k = 1.0 / math.sqrt(vm.row_sqdev(x[b], n, mean) / n + eps)
-    inv[b, 0] = k
-    for j in range(n):
-        h = (x[b, j] - mean) * k
-        xhat[b, j] = h
-        out[b, j] = h * gain[j] + bias[j]
+def _ln_row(out, xhat, x, gain, bias, m, k):
+    for j in range(x.shape[0]):
+        h = (x[j] - m) * k
+        xhat[j] = h
+        out[j] = h * gain[j] + bias[j]
 
 
 @pjit
 def layernorm_forward(out, xhat, inv, x, gain, bias, eps):
     """x, out, xhat: (B, n); inv: (B, 1) gets 1/sqrt(var + eps); gain, bias: (n,)."""
-    B = x.shape[0]
+    B, n = x.shape
     if x.size < PARALLEL_MIN:
         for b in range(B):
-            _ln_row(out, xhat, inv, x, gain, bias, eps, b)
+            m, k = _mean_inv(x[b], n, eps)
+            inv[b, 0] = k
+            _ln_row(out[b], xhat[b], x[b], gain, bias, m, k)
     else:
         for b in prange(B):
-            _ln_row(out, xhat, inv, x, gain, bias, eps, b)
+            m, k = _mean_inv(x[b], n, eps)
+            inv[b, 0] = k
+            _ln_row(out[b], xhat[b], x[b], gain, bias, m, k)
+
+
+@jit(inline="always")
+def _grad_means(d, gain, xhat, n):
+    """(mean of d·gain, mean of d·gain·x̂) over the row, in float64."""
+    nv = n - n % LANES
+    a1 = a2 = simd.widen(simd.zero(d))
+    for j in range(0, nv, LANES):
+        dg = simd.mul(simd.widen(simd.load(d, j)), simd.widen(simd.load(gain, j)))
+        a1 = simd.add(a1, dg)
+        a2 = simd.add(a2, simd.mul(dg, simd.widen(simd.load(xhat, j))))
+    s1, s2 = _lanes_total(a1), _lanes_total(a2)
+    for j in range(nv, n):
+        dg = (1.0 * d[j]) * gain[j]
+        s1 += dg
+        s2 += dg * xhat[j]
+    return s1 / n, s2 / n
 
 
 @vjit
-def _ln_grad_row(dx, d, xhat, inv, gain, b):
+def _ln_grad_row(dx, pb, pg, d, xhat, gain, m1, m2, k, want_dx):
+    """pb, pg (n,) float64 += the row's d and d·x̂; with want_dx, dx += the row's input gradient."""
+    for j in range(d.shape[0]):
+        v = 1.0 * d[j]
+        pb[j] += v
+        pg[j] += v * xhat[j]
+    if want_dx:
+        for j in range(d.shape[0]):
+            dx[j] += (d[j] * gain[j] - m1 - xhat[j] * m2) * k
+
+
+@vjit
+def _ln_grad_chunk(dx, pb, pg, d, xhat, inv, gain, want_dx, lo, hi):
+    """Rows lo..hi-1: pb, pg := their parameter gradients' sums; dx += their input gradients."""
     n = d.shape[1]
-    m1 = vm.row_dot(d[b], gain, n) / n
-    m2 = vm.row_dot3(d[b], gain, xhat[b], n) / n
-    k = inv[b, 0]
     for j in range(n):
-        dx[b, j] += (d[b, j] * gain[j] - m1 - xhat[b, j] * m2) * k
-
-
-@vjit
-def _ln_param_grads(acc_b, acc_g, d, xhat):
-    for b in range(d.shape[0]):
-        for j in range(d.shape[1]):
-            acc_b[j] += d[b, j]
-            acc_g[j] += d[b, j] * xhat[b, j]
+        pb[j] = 0.0
+        pg[j] = 0.0
+    for b in range(lo, hi):
+        m1, m2 = _grad_means(d[b], gain, xhat[b], n)
+        _ln_grad_row(dx[b], pb, pg, d[b], xhat[b], gain, m1, m2, inv[b, 0], want_dx)
 
 
 @pjit
 def layernorm_backward(dx, bias_grad, gain_grad, d, xhat, inv, gain, want_dx):
     """d, xhat: (B, n); bias_grad, gain_grad: (n,) += Σ d, Σ d·x̂ over rows; with want_dx, dx: (B, n)
-    += the input gradient."""
+    += the input gradient (dx may be d itself when not want_dx: it is not written then)."""
     B, n = d.shape
-    acc_b = np.empty(n)      # zeroed by loops: np.zeros in a parallel function is a parallel region
-    acc_g = np.empty(n)
-    for j in range(n):
-        acc_b[j] = 0.0
-        acc_g[j] = 0.0
-    _ln_param_grads(acc_b, acc_g, d, xhat)
-    for j in range(n):
-        bias_grad[j] += acc_b[j]
-        gain_grad[j] += acc_g[j]
-    if not want_dx:
-        return
+    chunks = (B + GRAD_CHUNK - 1) // GRAD_CHUNK
+    pb = np.empty((chunks, n))
+    pg = np.empty((chunks, n))
     if d.size < PARALLEL_MIN:
-        for b in range(B):
-            _ln_grad_row(dx, d, xhat, inv, gain, b)
+        for c in range(chunks):
+            _ln_grad_chunk(dx, pb[c], pg[c], d, xhat, inv, gain, want_dx, c * GRAD_CHUNK,
+                           min(B, c * GRAD_CHUNK + GRAD_CHUNK))
     else:
-        for b in prange(B):
-            _ln_grad_row(dx, d, xhat, inv, gain, b)
+        for c in prange(chunks):
+            _ln_grad_chunk(dx, pb[c], pg[c], d, xhat, inv, gain, want_dx, c * GRAD_CHUNK,
+                           min(B, c * GRAD_CHUNK + GRAD_CHUNK))
+    for j in range(n):
+        sb = sg = 0.0
+        for c in range(chunks):
+            sb += pb[c, j]
+            sg += pg[c, j]
+        bias_grad[j] += sb
+        gain_grad[j] += sg
 
 
 @register
