@@ -5,23 +5,47 @@ numba here has no SVML, so `math.exp` in a loop is a scalar libm call (~3 ns per
 float reduction (`tot += v`) is one long dependency chain that LLVM may not reorder into vector
 lanes without fastmath. `exp_poly` is branch-free, so a loop of it vectorises; `row_sum` and
 `row_max` keep 8 partial results (lane j % 8) and combine them in a fixed order: the same bits on
-every machine and vector width, as fast as a vectorised reduction.
+every machine and vector width, as fast as a vectorised reduction. Polynomials are evaluated with
+`fma` (one rounding per step, one instruction where the CPU has FMA: numba does not contract a·b + c
+without fastmath), which LLVM vectorises like any other operation.
 """
 from __future__ import annotations
 
 import math
 
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
 from . import jit
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    """a·b + c rounded once (LLVM's fma), for three floats of one type."""
+    if not (isinstance(a, types.Float) and a == b == c):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ty = context.get_value_type(sig.return_type)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3),
+                                            f"llvm.fma.f{sig.return_type.bitwidth}")
+        return builder.call(fn, args)
+    return a(a, b, c), codegen
 
 
 @jit(inline="always")
 def exp_poly(y):
     """e^(−y) for 0 ≤ y ≤ 90.25 (float64), without libm: the degree-11 Taylor polynomial at y/128,
-    squared 7 times (relative error ≤ 5e-9 over the range); branch-free, so loops vectorise."""
+    squared 7 times (relative error below 1e-13 up to y = 30, 7.7e-9 at 90.25); branch-free, so loops vectorise. Horner
+    steps as `fma`: a float32 gelu (kernels/activations.py) 2.2 -> 1.6 ns a value on one core."""
     u = -y * (1.0 / 128.0)
-    p = 1.0 + u * (1.0 + u * (1.0 / 2 + u * (1.0 / 6 + u * (1.0 / 24 + u * (1.0 / 120 + u * (
-        1.0 / 720 + u * (1.0 / 5040 + u * (1.0 / 40320 + u * (1.0 / 362880 + u * (
-            1.0 / 3628800 + u * (1.0 / 39916800)))))))))))
+    p = fma(1.0 / 39916800, u, 1.0 / 3628800)
+    p = fma(fma(fma(p, u, 1.0 / 362880), u, 1.0 / 40320), u, 1.0 / 5040)
+    p = fma(fma(fma(p, u, 1.0 / 720), u, 1.0 / 120), u, 1.0 / 24)
+    p = fma(fma(fma(p, u, 1.0 / 6), u, 0.5), u, 1.0)
+    p = fma(p, u, 1.0)
     for _ in range(7):
         p = p * p
     return p
@@ -30,7 +54,7 @@ def exp_poly(y):
 @jit(inline="always")
 def exp_neg(y, fast):
     """e^(−y) for y ≥ 0, in float64. `fast` (the kernels of float32 layers): `exp_poly`, relative
-    error ≤ 5e-9 (20× below float32 rounding), and exactly 0 for y > 90.25, where e^(−y) < 6e-40
+    error ≤ 7.7e-9 (15× below float32's epsilon), and exactly 0 for y > 90.25, where e^(−y) < 6e-40
     is already below float32's smallest normal number. Otherwise (float64 layers, gradient checks)
     libm's exp."""
     if fast:
