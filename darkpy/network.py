@@ -478,8 +478,12 @@ class Network:
             layer = layers[i]
             if layer.stopbackward:
                 return True
+            s.delta_fresh = False
             for k in self._delta_zero.get(i, ()):       # share_deltas(): a delta's life starts here
-                layers[k].delta.fill(0)
+                if k == i - 1 and layer.assigns_fresh_delta:
+                    s.delta_fresh = True                # this layer writes it whole: no zeros needed
+                else:
+                    layers[k].delta.fill(0)
             if i > 0:
                 s.input, s.delta = layers[i - 1].output, layers[i - 1].delta
             else:

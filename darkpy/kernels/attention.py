@@ -107,11 +107,14 @@ def softmax_row(r, scale, causal, keymask, s, t, fast):
 
 
 @jit(inline="always")
-def softmax_grad_row(d, a, scale):
-    """d: (T,) gradient w.r.t. a row's weights a, in place -> w.r.t. its raw scores."""
-    acc = vm.row_dot(d, a, d.shape[0])
-    for j in range(d.shape[0]):
+def softmax_grad_row(d, a, scale, hi):
+    """d: (T,) gradient w.r.t. a row's weights a, in place -> w.r.t. its raw scores. a is 0 from
+    `hi` on (the causal cut), so d is too, whatever it held there."""
+    acc = vm.dot_lanes(d, a, hi)
+    for j in range(hi):
         d[j] = a[j] * (d[j] - acc) * scale
+    for j in range(hi, d.shape[0]):
+        d[j] = 0.0
 
 
 # -- forward and backward ------------------------------------------------------------------------
@@ -128,17 +131,21 @@ def attention_forward(a, ctx, qkv, scale, causal, keymask):
     tp = _padded(T)
     row = S * 3 * D                           # from one step's row of a sequence to the next
     cut = COLUMNS_BEFORE if causal else FULL
+    direct = tp == T                          # rows of whole column pairs: scores straight into a
     for u in prange(S * H):
         s, h = u // H, u % H
         qb = s * 3 * D + h * dh               # step 0 of sequence s, head h, in the Q block
         kt = _transposed(q1, qb + D, row, T, dh, tp)                       # Kᵀ: (dh, tp)
-        p = np.empty(T * tp, a.dtype)                                      # raw scores (T, tp)
-        _product(p, 0, tp, q1, qb, row, kt, 0, tp, T, tp, dh, cut)
+        if direct:                            # raw scores in a's rows (columns after a causal cut
+            _product(a1, u * T * T, T, q1, qb, row, kt, 0, tp, T, tp, dh, cut)   # left as they were)
+        else:
+            p = np.empty(T * tp, a.dtype)                                  # raw scores (T, tp)
+            _product(p, 0, tp, q1, qb, row, kt, 0, tp, T, tp, dh, cut)
+            for t in range(T):
+                for j in range(t + 1 if causal else T):
+                    a[s, h, t, j] = p[t * tp + j]
         for t in range(T):
-            r = a[s, h, t]
-            for j in range(t + 1 if causal else T):
-                r[j] = p[t * tp + j]
-            softmax_row(r, scale, causal, keymask, s, t, fast)
+            softmax_row(a[s, h, t], scale, causal, keymask, s, t, fast)
         _product(c1, s * D + h * dh, S * D, a1, u * T * T, T, q1, qb + 2 * D, row, T, dh, T,
                  KEYS_BEFORE if causal else FULL)                          # A·V
 
@@ -153,23 +160,25 @@ def attention_backward(dqkv, da, a, dctx, qkv, scale, causal):
     dh = D // H
     q1, g1, d1, da1, a1 = qkv.reshape(-1), dqkv.reshape(-1), dctx.reshape(-1), da.reshape(-1), a.reshape(-1)
     tp = _padded(T)
+    direct = tp == T
     row, drow = S * 3 * D, S * D
     for u in prange(S * H):
         s, h = u // H, u % H
         qb = s * 3 * D + h * dh
         ob = s * D + h * dh                   # step 0 of sequence s, head h, in dctx
         vt = _transposed(q1, qb + 2 * D, row, T, dh, tp)                   # Vᵀ: (dh, tp)
-        p = np.empty(T * tp, a.dtype)                                      # dctx·Vᵀ: d weights
-        _product(p, 0, tp, d1, ob, drow, vt, 0, tp, T, tp, dh, COLUMNS_BEFORE if causal else FULL)
-        for t in range(T):
-            r = da[s, h, t]
-            hi = t + 1 if causal else T
-            for j in range(hi):
-                r[j] = p[t * tp + j]
-            for j in range(hi, T):
-                r[j] = 0.0
-            softmax_grad_row(r, a[s, h, t], scale)
         ab = u * T * T
+        cut = COLUMNS_BEFORE if causal else FULL
+        if direct:                                                         # dctx·Vᵀ: d weights
+            _product(da1, ab, T, d1, ob, drow, vt, 0, tp, T, tp, dh, cut)
+        else:
+            p = np.empty(T * tp, a.dtype)
+            _product(p, 0, tp, d1, ob, drow, vt, 0, tp, T, tp, dh, cut)
+            for t in range(T):
+                for j in range(t + 1 if causal else T):
+                    da[s, h, t, j] = p[t * tp + j]
+        for t in range(T):
+            softmax_grad_row(da[s, h, t], a[s, h, t], scale, t + 1 if causal else T)
         _product(g1, qb, row, da1, ab, T, q1, qb + D, row, T, dh, T,
                  KEYS_BEFORE if causal else FULL)                          # dQ = dS·K
         st = _transposed(da1, ab, T, T, T, T)                              # dSᵀ

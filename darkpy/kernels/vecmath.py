@@ -18,7 +18,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import jit
+from . import jit, simd
+from .simd import LANES
 
 
 @intrinsic
@@ -161,3 +162,29 @@ def row_dot3(a, b, c, n):
     for j in range(n8, n):
         s0 += (1.0 * a[j]) * b[j] * c[j]
     return ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7))
+
+
+# -- float64 sums in SIMD lanes: one lane per position modulo LANES, the lanes added in lane order
+# after (so the order depends on LANES, not on the thread count): a 64-value row is four vector
+# operations, where `row_dot` makes 64 scalar ones.
+@jit(inline="always")
+def lanes_total(acc):
+    """Σ of a float64 vector's lanes, in lane order."""
+    s = 0.0
+    for lane in range(LANES):
+        s += simd.lane(acc, lane)
+    return s
+
+
+@jit(inline="always")
+def dot_lanes(a, b, n):
+    """Σ a[0:n]·b[0:n] in float64 (products of float64 values: exact for float32 inputs), whole
+    vectors in LANES lanes, then the tail in order. a, b: 1-D C-contiguous, of one dtype."""
+    nv = n - n % LANES
+    acc = simd.widen(simd.zero(a))
+    for j in range(0, nv, LANES):
+        acc = simd.add(acc, simd.mul(simd.widen(simd.load(a, j)), simd.widen(simd.load(b, j))))
+    s = lanes_total(acc)
+    for j in range(nv, n):
+        s += (1.0 * a[j]) * b[j]
+    return s

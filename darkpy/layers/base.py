@@ -65,6 +65,10 @@ class State:
     seen: int = 0                           # images seen so far (region's warm-up uses it)
     rng: np.random.Generator | None = None  # dropout masks, crop offsets
     net: Any = None                         # the Network (for net-level sizes, e.g. yolo's net w/h)
+    #: In a backward: `delta` holds zeros that this layer is the first to write (Network.share_deltas
+    #: gave it no fill): a layer with `assigns_fresh_delta` writes its input gradient into every
+    #: value instead of adding it; any other layer finds the zeros (the network fills them first).
+    delta_fresh: bool = False
 
 
 def is_image(shape: Shape) -> bool:
@@ -91,6 +95,9 @@ class Layer:
     #: for layers whose output is not a plain buffer of their own (an inner layer's) or carries
     #: state from one forward to the next.
     output_shareable: ClassVar[bool] = True
+    #: backward() assigns the whole previous delta when `State.delta_fresh` (instead of adding into
+    #: zeros), so the network skips zeroing it: one pass over the delta instead of three.
+    assigns_fresh_delta: ClassVar[bool] = False
 
     def __init__(self, index: int, in_shape: Shape, out_shape: Shape, dtype=np.float32):
         self.index = index

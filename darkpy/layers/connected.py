@@ -34,6 +34,7 @@ class ConnectedLayer(Layer):
     kind = "connected"
     aliases = ("conn",)
     resizable = False
+    assigns_fresh_delta = True   # its input gradient is one GEMM: written straight into a fresh delta
 
     def __init__(self, index: int, in_shape, outputs: int, batch_normalize: bool = False,
                  activation: str = "logistic", dtype=np.float32):
@@ -121,7 +122,9 @@ class ConnectedLayer(Layer):
         x = s.input.reshape(self.batch, self.inputs)
         blas.matmul(d2.T, x, out=self.wgrad_tmp)
         ic.add_into(self.weights.grad.reshape(-1), self.wgrad_tmp.reshape(-1))
-        if s.delta is not None:
+        if s.delta is not None and s.delta_fresh:
+            blas.matmul(d2, self.weights.value, out=s.delta.reshape(self.batch, self.inputs))
+        elif s.delta is not None:
             blas.matmul(d2, self.weights.value, out=self.dx_tmp)
             ic.add_into(s.delta.reshape(-1), self.dx_tmp.reshape(-1))
 

@@ -13,26 +13,18 @@ import numpy as np
 from numba import prange
 
 from ..kernels import PARALLEL_MIN, jit, pjit, simd, vjit
+from ..kernels import vecmath as vm
 from ..kernels.simd import LANES
 from .base import Layer, Param, State, numel, register
 
 
 # -- kernels ---------------------------------------------------------------------------------------
-# Row statistics and the backward's two row means are float64 sums in SIMD vectors (one lane per
-# column position modulo LANES, the lanes added in order after): a row of 128 float32 values is
-# eight vector adds, not 128 scalar ones. The parameter gradients are summed per chunk of
+# Row statistics and the backward's two row means are float64 sums in SIMD lanes (as
+# kernels/vecmath.py's `dot_lanes`): a row of 128 float32 values is eight vector adds, not 128
+# scalar ones. The parameter gradients are summed per chunk of
 # GRAD_CHUNK rows (in row order, float64), the chunks in parallel, then the chunks' sums in chunk
 # order: the same bits at any thread count (the order depends on LANES and GRAD_CHUNK only).
 GRAD_CHUNK = 32
-
-
-@jit(inline="always")
-def _lanes_total(acc):
-    """Σ of a float64 vector's lanes, in lane order."""
-    s = 0.0
-    for lane in range(LANES):
-        s += simd.lane(acc, lane)
-    return s
 
 
 @jit(inline="always")
@@ -43,7 +35,7 @@ def _mean_inv(x, n, eps):
     acc = zero
     for j in range(0, nv, LANES):
         acc = simd.add(acc, simd.widen(simd.load(x, j)))
-    s = _lanes_total(acc)
+    s = vm.lanes_total(acc)
     for j in range(nv, n):
         s += x[j]
     m = s / n
@@ -52,7 +44,7 @@ def _mean_inv(x, n, eps):
     for j in range(0, nv, LANES):
         t = simd.sub(simd.widen(simd.load(x, j)), mv)
         acc = simd.add(acc, simd.mul(t, t))
-    q = _lanes_total(acc)
+    q = vm.lanes_total(acc)
     for j in range(nv, n):
         t = x[j] - m
         q += t * t
@@ -92,7 +84,7 @@ def _grad_means(d, gain, xhat, n):
         dg = simd.mul(simd.widen(simd.load(d, j)), simd.widen(simd.load(gain, j)))
         a1 = simd.add(a1, dg)
         a2 = simd.add(a2, simd.mul(dg, simd.widen(simd.load(xhat, j))))
-    s1, s2 = _lanes_total(a1), _lanes_total(a2)
+    s1, s2 = vm.lanes_total(a1), vm.lanes_total(a2)
     for j in range(nv, n):
         dg = (1.0 * d[j]) * gain[j]
         s1 += dg

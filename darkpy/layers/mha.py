@@ -57,11 +57,11 @@ def softmax_backward(da, a, scale):
     if a.size < PARALLEL_MIN:
         for i in range(S * H):
             for t in range(T):
-                softmax_grad_row(da[i // H, i % H, t], a[i // H, i % H, t], scale)
+                softmax_grad_row(da[i // H, i % H, t], a[i // H, i % H, t], scale, T)
     else:
         for i in prange(S * H):
             for t in range(T):
-                softmax_grad_row(da[i // H, i % H, t], a[i // H, i % H, t], scale)
+                softmax_grad_row(da[i // H, i % H, t], a[i // H, i % H, t], scale, T)
 
 
 #: Scores, softmax and weighted sum per (sequence, head) in one fused SIMD kernel, forward and
@@ -78,6 +78,7 @@ class AttentionLayer(Layer):
     own_section = True      # darkpy's own section: `darkpy summary` adds its parameters and FLOPs
     aliases = ("mha",)
     resizable = False
+    assigns_fresh_delta = True   # its input gradient is one GEMM: written straight into a fresh delta
 
     def __init__(self, index: int, dim: int, steps: int, heads: int = 1, causal: bool = True,
                  pad: int = -1, dropout: float = 0.0, dtype=np.float32):
@@ -229,7 +230,9 @@ class AttentionLayer(Layer):
             blas.matmul(da.transpose(0, 1, 3, 2), q, out=self._heads(dqkv, 1, 3))  # dk
         self.biases.grad += dqkv.sum(axis=0)
         self.weights.grad += blas.matmul(dqkv.T, self._x, out=self.wgrad_tmp)
-        if s.delta is not None:
+        if s.delta is not None and s.delta_fresh:
+            blas.matmul(dqkv, self.weights.value, out=s.delta.reshape(self.batch, D))
+        elif s.delta is not None:
             s.delta += blas.matmul(dqkv, self.weights.value, out=self.dx_tmp).reshape(s.delta.shape)
 
     def weight_arrays(self) -> list[np.ndarray]:
