@@ -489,12 +489,12 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
                                 dk.block_rows(oh, ow, self.size, self.stride_x))
             if prev is None:
                 return
-            if (DIRECT_INPUT_GRAD and self.stride_x == self.stride_y == 1
-                    and self.padding < self.size):
-                self._direct_input_grad(d.reshape(self.batch, self.n, oh, ow), prev)
+            if self._direct_input_grad_ok():
+                self._direct_input_grad(d.reshape(self.batch, self.n, oh, ow), prev, s.delta_fresh)
                 return
         if self.rows_gemm:
-            self._backward_rows(d.reshape(self.batch, self.n), x.reshape(self.batch, -1), prev, wmat[0])
+            self._backward_rows(d.reshape(self.batch, self.n), x.reshape(self.batch, -1), prev, wmat[0],
+                                s.delta_fresh)
         for items, j, cin, fout in ([] if self.winograd or self.rows_gemm else self._chunks()):
             dg = d[items, fout]
             nb = dg.shape[0]
@@ -526,24 +526,41 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
             # the filters flipped and transposed, padding 2 - p: Winograd again, added into prev
             flipped = self.weights.value.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1]
             self._winograd(d.reshape(self.batch, self.n, oh, ow), flipped, 2 - self.padding, prev,
-                           add=True)
+                           add=not s.delta_fresh)
 
-    def _direct_input_grad(self, d, prev) -> None:
-        """prev += the input gradient of a stride-1 direct layer: the correlation of the delta d
-        (B, n, oh, ow) with the filters turned 180 degrees and transposed, padding k − 1 − pad, by
-        the direct forward kernel (into the workspace, then added)."""
+    @property
+    def assigns_fresh_delta(self) -> bool:
+        """The input gradient is one pass that can write the previous delta whole (Winograd, the
+        direct stride-1 correlation, a flat GEMM); the im2col chunks and direct_fv add into it."""
+        return (not self.direct_fv) and (self.winograd or self.rows_gemm
+                                         or (self.direct and self._direct_input_grad_ok()))
+
+    def _direct_input_grad_ok(self) -> bool:
+        return DIRECT_INPUT_GRAD and self.stride_x == self.stride_y == 1 and self.padding < self.size
+
+    def _direct_input_grad(self, d, prev, fresh: bool) -> None:
+        """prev += (fresh: =) the input gradient of a stride-1 direct layer: the correlation of the
+        delta d (B, n, oh, ow) with the filters turned 180 degrees and transposed, padding
+        k − 1 − pad, by the direct forward kernel (into the workspace, then added)."""
         k, pad = self.size, self.padding
         wt = fv.turned(self.weights.value)
+        rows = dk.forward_rows(self.batch, *prev.shape[2:], k, 1)
+        if fresh:
+            dk.conv_forward(prev, d, wt, 1, 1, k - 1 - pad, rows)
+            return
         ic.reserve(prev.size, self.dtype)
         dx = ic.get(prev.shape, self.dtype)
-        dk.conv_forward(dx, d, wt, 1, 1, k - 1 - pad, dk.forward_rows(self.batch, *prev.shape[2:], k, 1))
+        dk.conv_forward(dx, d, wt, 1, 1, k - 1 - pad, rows)
         ic.add_into(prev.reshape(-1), dx.reshape(-1))
 
-    def _backward_rows(self, d2, x2, prev, w) -> None:
-        """Backward of `rows_gemm`: d2 (B, n), x2 (B, c), w (n, c); prev (B, c, 1, 1) or None."""
+    def _backward_rows(self, d2, x2, prev, w, fresh: bool) -> None:
+        """Backward of `rows_gemm`: d2 (B, n), x2 (B, c), w (n, c); prev (B, c, 1, 1) or None, +=
+        (fresh: =) the input gradient."""
         blas.matmul(d2.T, x2, out=self.wgrad_tmp)
         ic.add_into(self.weights.grad.reshape(-1), self.wgrad_tmp.reshape(-1))
-        if prev is not None:
+        if prev is not None and fresh:
+            blas.matmul(d2, w, out=prev.reshape(x2.shape))
+        elif prev is not None:
             dx = ic.get(x2.shape, self.dtype)
             blas.matmul(d2, w, out=dx)
             ic.add_into(prev.reshape(-1), dx.reshape(-1))

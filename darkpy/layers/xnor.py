@@ -60,6 +60,7 @@ def add_hardtan_masked(delta, tmp, x):
 class XnorConvolutionalLayer(ConvolutionalLayer):
     """A convolution with binarised weights (`binary=1`), and binarised inputs too (`xnor=1`)."""
     can_keep_filters = False        # its forward convolves with weights binarised each time
+    assigns_fresh_delta = False     # xnor=1 adds a gradient of its own into the previous delta
 
     handled_keys = ("xnor", "binary", "bin_output")
 
