@@ -17,11 +17,12 @@ from darkpy.kernels import activations as act
 from darkpy.kernels import attention as attk
 from darkpy.kernels import bn as bnk
 from darkpy.kernels import direct as dk
+from darkpy.kernels import gemm
 from darkpy.kernels import simd
 from darkpy.kernels import winograd as wg
 from darkpy.kernels import winograd_fused as wgf
 from darkpy import optim
-from darkpy.layers import mha, pooling, recurrent, shortcut, upsample, xent
+from darkpy.layers import layernorm, mha, pooling, recurrent, shortcut, upsample, xent
 
 
 def _parfor_lines(kernel, *args):
@@ -150,6 +151,13 @@ CASES = {
         _f32(10, 6 * attk.CV, seed=3), 0.5, True)),
     "adamw step": (optim.adamw_step, lambda: (*(_f32(40, seed=i) for i in range(4)), 1e-3, 2, 0.9, 0.99, 1e-8, 3, 0.01)),
     "sum of squares": (optim.sum_squares, lambda: (_f32(100),)),
+    "gemm": (gemm.matmul, lambda: (_f32(16, 2 * simd.LANES), _f32(16, 5), _f32(5, 2 * simd.LANES, seed=1), False,
+                                   True)),
+    "gemm packing": (gemm.pack_transposed, lambda: (_f32(3 * simd.LANES * 5), _f32(3 * simd.LANES, 5))),
+    "layernorm forward": (layernorm.layernorm_forward, lambda: (_f32(4, 20), _f32(4, 20), _f32(4, 1), _f32(4, 20, seed=1),
+                                                                _f32(20), _f32(20, seed=2), 1e-5)),
+    "layernorm backward": (layernorm.layernorm_backward, lambda: (_f32(40, 20), _f32(20), _f32(20), _f32(40, 20, seed=1),
+                                                                  _f32(40, 20, seed=2), _f32(40, 1), _f32(20), True)),
 }
 
 

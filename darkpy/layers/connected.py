@@ -110,7 +110,7 @@ class ConnectedLayer(Layer):
 
     def forward(self, s: State) -> None:
         x = s.input.reshape(self.batch, self.inputs)
-        blas.matmul(x, self.weights.value.T, out=self.output)
+        blas.product(self.output.reshape(self.batch, self.n), x, self.weights.value.T)
         y = self.output.reshape(self.batch, self.n, 1)
         forward_bias_bn_act(self, y, s.train)
 
@@ -122,11 +122,9 @@ class ConnectedLayer(Layer):
         x = s.input.reshape(self.batch, self.inputs)
         blas.matmul(d2.T, x, out=self.wgrad_tmp)
         ic.add_into(self.weights.grad.reshape(-1), self.wgrad_tmp.reshape(-1))
-        if s.delta is not None and s.delta_fresh:
-            blas.matmul(d2, self.weights.value, out=s.delta.reshape(self.batch, self.inputs))
-        elif s.delta is not None:
-            blas.matmul(d2, self.weights.value, out=self.dx_tmp)
-            ic.add_into(s.delta.reshape(-1), self.dx_tmp.reshape(-1))
+        if s.delta is not None:
+            blas.product(s.delta.reshape(self.batch, self.inputs), d2, self.weights.value,
+                         add=not s.delta_fresh, scratch=self.dx_tmp)
 
     def weight_arrays(self) -> list[np.ndarray]:
         # darknet: connected stores its weights BEFORE the BN block (conv stores them after)

@@ -173,7 +173,7 @@ class AttentionLayer(Layer):
         D, dh = self.dim, self.dim // self.heads
         x = s.input.reshape(self.batch, D)                                         # time-major rows
         qkv, a = self.qkv, self.scores
-        blas.matmul(x, self.weights.value.T, out=qkv)                              # (T·S, 3D)
+        blas.product(qkv, x, self.weights.value.T)                                 # (T·S, 3D)
         qkv += self.biases.value
         self.drop = None
         if s.train and self.dropout > 0:
@@ -186,7 +186,7 @@ class AttentionLayer(Layer):
             blas.matmul(q, k.transpose(0, 1, 3, 2), out=a)                         # (S, H, T, T)
             softmax_masked(a, 1.0 / math.sqrt(dh), self.causal, self.key_mask(s))
             blas.matmul(self._dropped(), v, out=self._heads(self.context))
-        blas.matmul(self.context, self.out_weights.value.T, out=self.output.reshape(self.batch, D))
+        blas.product(self.output.reshape(self.batch, D), self.context, self.out_weights.value.T)
         self.output.reshape(self.batch, D)[...] += self.out_biases.value
         self._x = x if s.train else None
 
@@ -216,7 +216,7 @@ class AttentionLayer(Layer):
         dy = self.delta.reshape(self.batch, D)
         self.out_biases.grad += dy.sum(axis=0)
         self.out_weights.grad += blas.matmul(dy.T, self.context, out=self.wgrad_tmp[:D])
-        do = self._heads(blas.matmul(dy, self.out_weights.value, out=self.dcontext))  # (S, H, T, dh)
+        do = self._heads(blas.product(self.dcontext, dy, self.out_weights.value))   # (S, H, T, dh)
         if self.fused:
             attn.attention_backward(dqkv, da, a, self.dcontext, self.qkv, 1.0 / math.sqrt(dh), self.causal)
         else:
@@ -230,10 +230,9 @@ class AttentionLayer(Layer):
             blas.matmul(da.transpose(0, 1, 3, 2), q, out=self._heads(dqkv, 1, 3))  # dk
         self.biases.grad += dqkv.sum(axis=0)
         self.weights.grad += blas.matmul(dqkv.T, self._x, out=self.wgrad_tmp)
-        if s.delta is not None and s.delta_fresh:
-            blas.matmul(dqkv, self.weights.value, out=s.delta.reshape(self.batch, D))
-        elif s.delta is not None:
-            s.delta += blas.matmul(dqkv, self.weights.value, out=self.dx_tmp).reshape(s.delta.shape)
+        if s.delta is not None:
+            blas.product(s.delta.reshape(self.batch, D), dqkv, self.weights.value, add=not s.delta_fresh,
+                         scratch=self.dx_tmp)
 
     def weight_arrays(self) -> list[np.ndarray]:
         return [self.weights.value, self.biases.value, self.out_weights.value, self.out_biases.value]

@@ -1,0 +1,61 @@
+"""kernels/gemm.py and blas.product: darkpy's own GEMM (A in place, B packed from a transposed
+weight matrix or read in place) against float64 products, written and added, with a last partial
+block of rows, a last single vector of columns and more than one pass over k; the same bits on one
+thread as on two; and blas.product's BLAS fallback for shapes the kernel does not take."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from darkpy import blas
+from darkpy.kernels import gemm
+from darkpy.kernels.simd import LANES
+
+
+def _run(c, a, b, add, threads):
+    saved = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        gemm.product(c, a, b, add)
+    finally:
+        numba.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m, k, n", [(8, 3, LANES), (72, 300, 3 * LANES), (128, 2 * gemm.KB + 5, 4 * LANES)])
+@pytest.mark.parametrize("transposed", [True, False])
+@pytest.mark.parametrize("add", [False, True])
+def test_product_against_float64(m, k, n, transposed, add, dtype):
+    rng = np.random.default_rng(m + k)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    w = rng.standard_normal((n, k)).astype(dtype)
+    b = w.T if transposed else np.ascontiguousarray(w.T)      # a weight's transpose: packed first
+    c0 = rng.standard_normal((m, n)).astype(dtype)
+    outs = []
+    for threads in (1, 2):
+        c = c0.copy() if add else np.full((m, n), np.nan, dtype)
+        _run(c, a, b, add, threads)
+        outs.append(c)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    want = a.astype(np.float64) @ w.T.astype(np.float64) + (c0 if add else 0)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    assert np.abs(outs[0] - want).max() <= tol * np.abs(want).max()
+
+
+def test_fits_and_the_blas_fallback():
+    assert not gemm.fits(1001, 128, 128)                    # rows not a multiple of 8
+    assert not gemm.fits(1024, 128, LANES + 1)              # columns not whole vectors
+    assert not gemm.fits(8, 8, LANES)                       # too small to be worth it
+    assert gemm.fits(1024, 128, 512) == (LANES == 16)       # AVX-512 only
+    rng = np.random.default_rng(1)
+    for m, k, n in [(1001, 128, 128), (1024, 128, 512)]:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        c0 = rng.standard_normal((m, n)).astype(np.float32)
+        c = c0.copy()
+        blas.product(c, a, w.T, add=True, scratch=np.empty((m, n), np.float32))
+        want = c0 + a.astype(np.float64) @ w.T.astype(np.float64)
+        assert np.abs(c - want).max() <= 1e-5 * np.abs(want).max()
+        blas.product(c, a, w.T)
+        assert np.abs(c - (want - c0)).max() <= 1e-5 * np.abs(want).max()
