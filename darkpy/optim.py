@@ -100,13 +100,18 @@ def adam_step(w, g, m, v, rate, batch, b1, b2, eps, t, decay):
 
 
 @vjit
-def _adamw_span(w, g, m, v, step, ib, b1, b2, ic2, eps, shrink):
-    """One span of `adamw_step`, all (n,). m and v are read once and written once (reading back
-    what the loop stored kept it from vectorising: 2x slower)."""
+def _adamw_span(w, g, m, v, c):
+    """One span of `adamw_step`, all (n,); c: its constants in the arrays' dtype (`adamw_step`),
+    so a float32 layer's update is float32 arithmetic: sixteen values a vector, and the square root
+    and division, the loop's cost, in single precision (as torch.optim.AdamW; float64 layers and
+    the gradient checks keep float64). m and v are read once and written once (reading back what
+    the loop stored kept it from vectorising: 2x slower)."""
+    ib, b1, b2, ic2, eps, shrink, step = c[0], c[1], c[2], c[3], c[4], c[5], c[6]
+    one = c[7]
     for i in range(w.shape[0]):
         d = g[i] * ib
-        mi = b1 * m[i] + (1 - b1) * d
-        vi = b2 * v[i] + (1 - b2) * d * d
+        mi = b1 * m[i] + (one - b1) * d
+        vi = b2 * v[i] + (one - b2) * d * d
         m[i] = mi
         v[i] = vi
         w[i] = w[i] * shrink - step * mi / (math.sqrt(vi * ic2) + eps)
@@ -117,18 +122,23 @@ def _adamw_span(w, g, m, v, step, ib, b1, b2, ic2, eps, shrink):
 def adamw_step(w, g, m, v, rate, batch, b1, b2, eps, t, decay):
     """w, g, m, v: (n,). torch's AdamW on the mean gradient −g/batch; `decay` is λ (0: none).
     Parallel over spans of 16k values from PARALLEL_MIN values."""
-    step = rate / (1.0 - b1 ** t)
-    ic2 = 1.0 / (1.0 - b2 ** t)
-    shrink = 1.0 - rate * decay
-    ib = -1.0 / batch
+    c = np.empty(8, w.dtype)            # the constants, in w's dtype (`_adamw_span`)
+    c[0] = -1.0 / batch
+    c[1] = b1
+    c[2] = b2
+    c[3] = 1.0 / (1.0 - b2 ** t)
+    c[4] = eps
+    c[5] = 1.0 - rate * decay
+    c[6] = rate / (1.0 - b1 ** t)
+    c[7] = 1.0
     n = w.shape[0]
     if n < PARALLEL_MIN:
-        _adamw_span(w, g, m, v, step, ib, b1, b2, ic2, eps, shrink)
+        _adamw_span(w, g, m, v, c)
     else:
         span = 1 << 14
         for k in prange((n + span - 1) // span):
             lo, hi = k * span, min(n, (k + 1) * span)
-            _adamw_span(w[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], step, ib, b1, b2, ic2, eps, shrink)
+            _adamw_span(w[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], c)
 
 
 #: Spans of `sum_squares` from which they run in parallel. One span (64k values) takes ~7 µs on
@@ -140,22 +150,22 @@ SUM_PARALLEL_SPANS = 8
 @pjit
 def sum_squares(g):
     """Σ g² of g: (n,), accumulated in float64: spans of 64k values (from PARALLEL_MIN values;
-    in parallel from SUM_PARALLEL_SPANS spans), each in 8 lanes (`vm.row_dot`), the span sums
+    in parallel from SUM_PARALLEL_SPANS spans), each in SIMD lanes (`vm.dot_lanes`), the span sums
     added in order: the same bits at any thread count. Non-finite iff some value is (float32
     squares cannot overflow float64)."""
     n = g.shape[0]
     span = 1 << 16
     if n < PARALLEL_MIN:
-        return vm.row_dot(g, g, n)
+        return vm.dot_lanes(g, g, n)
     parts = np.empty((n + span - 1) // span)       # (np.zeros would be a parallel region of its own)
     if parts.shape[0] < SUM_PARALLEL_SPANS:
         for k in range(parts.shape[0]):
             lo, hi = k * span, min(n, (k + 1) * span)
-            parts[k] = vm.row_dot(g[lo:hi], g[lo:hi], hi - lo)
+            parts[k] = vm.dot_lanes(g[lo:hi], g[lo:hi], hi - lo)
     else:
         for k in prange(parts.shape[0]):
             lo, hi = k * span, min(n, (k + 1) * span)
-            parts[k] = vm.row_dot(g[lo:hi], g[lo:hi], hi - lo)
+            parts[k] = vm.dot_lanes(g[lo:hi], g[lo:hi], hi - lo)
     total = 0.0
     for k in range(parts.shape[0]):
         total += parts[k]
