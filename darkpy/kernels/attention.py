@@ -10,9 +10,11 @@ products are never computed. One unit of parallel work is one (sequence, head).
 
 Every product is C[i, v] = Σ_k L[i, k] · R[k, v]: L's values are broadcast, R's rows are vectors
 of the output's columns. The scores use the keys transposed (R = Kᵀ, made per unit), the weighted
-sum the value rows in place (R = V); the backward's four products use the score gradient, its
-transpose and the weights' transpose the same way. A product's columns are whole pairs of vectors:
-the head size must be a multiple of 2·LANES (`fits`); the layer takes its GEMM path otherwise.
+sum the value rows in place (R = V); the backward's four products use the score gradient and,
+for the keys' and values' gradients, the transposes of the score gradient and the weights as L,
+read in place (L[i, k] at k·T + i: four neighbours per k). A product's columns are whole pairs
+of vectors: the head size must be a multiple of 2·LANES (`fits`); the layer takes its GEMM path
+otherwise.
 
 The softmax (forward and backward) is the row kernel the GEMM path runs too (`softmax_row`,
 `softmax_grad_row`, below), so masks, all-masked rows and exact zeros behave the same.
@@ -42,10 +44,11 @@ FULL, KEYS_BEFORE, QUERIES_AFTER, COLUMNS_BEFORE = 0, 1, 2, 3
 
 
 @jit(inline="always")
-def _product(out, obase, ostr, lhs, lbase, lstr, rhs, rbase, rstr, rows, cols, kn, cut):
-    """out[obase + i·ostr + v] := Σ_k lhs[lbase + i·lstr + k] · rhs[rbase + k·rstr + v] for rows
+def _product(out, obase, ostr, lhs, lbase, lstr, rhs, rbase, rstr, rows, cols, kn, cut, lk=1):
+    """out[obase + i·ostr + v] := Σ_k lhs[lbase + i·lstr + k·lk] · rhs[rbase + k·rstr + v] for rows
     i < `rows`, columns v < `cols` (whole CV pairs) and k < kn, less what `cut` leaves out (its
-    products are exact zeros of a causal head; columns left out are not written)."""
+    products are exact zeros of a causal head; columns left out are not written). lstr = 1 and
+    lk = a row's length: the left operand is a matrix's transpose, read in place."""
     last = rows - 1
     for i0 in range(0, rows, 4):
         i1, i2, i3 = min(i0 + 1, last), min(i0 + 2, last), min(i0 + 3, last)
@@ -59,7 +62,7 @@ def _product(out, obase, ostr, lhs, lbase, lstr, rhs, rbase, rstr, rows, cols, k
         for v in range(0, width, CV):
             rows4x2(out, obase + i0 * ostr + v, obase + i1 * ostr + v, obase + i2 * ostr + v,
                      obase + i3 * ostr + v, lhs, lbase + i0 * lstr, lbase + i1 * lstr,
-                     lbase + i2 * lstr, lbase + i3 * lstr, rhs, rbase + v, rstr, lo, hi)
+                     lbase + i2 * lstr, lbase + i3 * lstr, rhs, rbase + v, rstr, lo, hi, lk)
 
 
 @jit(inline="always")
@@ -181,9 +184,7 @@ def attention_backward(dqkv, da, a, dctx, qkv, scale, causal):
             softmax_grad_row(da[s, h, t], a[s, h, t], scale, t + 1 if causal else T)
         _product(g1, qb, row, da1, ab, T, q1, qb + D, row, T, dh, T,
                  KEYS_BEFORE if causal else FULL)                          # dQ = dS·K
-        st = _transposed(da1, ab, T, T, T, T)                              # dSᵀ
-        _product(g1, qb + D, row, st, 0, T, q1, qb, row, T, dh, T,
-                 QUERIES_AFTER if causal else FULL)                        # dK = dSᵀ·Q
-        at = _transposed(a1, ab, T, T, T, T)                               # Aᵀ
-        _product(g1, qb + 2 * D, row, at, 0, T, d1, ob, drow, T, dh, T,
-                 QUERIES_AFTER if causal else FULL)                        # dV = Aᵀ·dctx
+        _product(g1, qb + D, row, da1, ab, 1, q1, qb, row, T, dh, T,
+                 QUERIES_AFTER if causal else FULL, T)                     # dK = dSᵀ·Q
+        _product(g1, qb + 2 * D, row, a1, ab, 1, d1, ob, drow, T, dh, T,
+                 QUERIES_AFTER if causal else FULL, T)                     # dV = Aᵀ·dctx

@@ -21,19 +21,21 @@ CV = 2 * simd.LANES
 
 
 @jit(inline="always")
-def rows4x2(out, o0, o1, o2, o3, lhs, l0, l1, l2, l3, rhs, r0, rstr, klo, khi):
-    """out[o_i : o_i + CV] := Σ_{k in [klo, khi)} lhs[l_i + k] · rhs[r0 + k·rstr : … + CV] for the
-    four rows i (a row may repeat: the same values are stored twice)."""
+def rows4x2(out, o0, o1, o2, o3, lhs, l0, l1, l2, l3, rhs, r0, rstr, klo, khi, lk=1):
+    """out[o_i : o_i + CV] := Σ_{k in [klo, khi)} lhs[l_i + k·lk] · rhs[r0 + k·rstr : … + CV] for
+    the four rows i (a row may repeat: the same values are stored twice); lk > 1 reads a
+    transposed left operand in place (its k-th row holds the four rows' values side by side)."""
     z = simd.zero(rhs)
     a0 = a1 = b0 = b1 = c0 = c1 = d0 = d1 = z
     for k in range(klo, khi):
         ri = r0 + k * rstr
         v0 = simd.load(rhs, ri)
         v1 = simd.load(rhs, ri + simd.LANES)
-        a0, a1 = fma2(a0, a1, simd.get(lhs, l0 + k), v0, v1)
-        b0, b1 = fma2(b0, b1, simd.get(lhs, l1 + k), v0, v1)
-        c0, c1 = fma2(c0, c1, simd.get(lhs, l2 + k), v0, v1)
-        d0, d1 = fma2(d0, d1, simd.get(lhs, l3 + k), v0, v1)
+        kk = k * lk
+        a0, a1 = fma2(a0, a1, simd.get(lhs, l0 + kk), v0, v1)
+        b0, b1 = fma2(b0, b1, simd.get(lhs, l1 + kk), v0, v1)
+        c0, c1 = fma2(c0, c1, simd.get(lhs, l2 + kk), v0, v1)
+        d0, d1 = fma2(d0, d1, simd.get(lhs, l3 + kk), v0, v1)
     _store2(out, o0, a0, a1)
     _store2(out, o1, b0, b1)
     _store2(out, o2, c0, c1)
