@@ -75,9 +75,11 @@ def _padded(n):
 def _transposed(src, sbase, sstr, n, m, width):
     """A new (m, width) matrix, flat: row j holds src[sbase + i·sstr + j] for i < n, then zeros."""
     dst = np.empty(m * width, src.dtype)
+    for i in range(n):                  # src's rows read along, dst written down a column
+        at = sbase + i * sstr
+        for j in range(m):
+            dst[j * width + i] = src[at + j]
     for j in range(m):
-        for i in range(n):
-            dst[j * width + i] = src[sbase + i * sstr + j]
         for i in range(n, width):
             dst[j * width + i] = 0.0
     return dst
