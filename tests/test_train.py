@@ -708,7 +708,7 @@ def test_sum_squares_adds_its_spans_in_order(spans):
     g64 = g.astype(np.float64)
     want = 0.0
     for lo in range(0, g.size, span):
-        want += float(optim.vm.row_dot(g[lo:lo + span], g[lo:lo + span], min(span, g.size - lo)))
+        want += float(optim.vm.dot_lanes(g[lo:lo + span], g[lo:lo + span], min(span, g.size - lo)))
     got = optim.sum_squares(g)
     assert got == want
     assert abs(got - float(g64 @ g64)) <= 1e-9 * got
