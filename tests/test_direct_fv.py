@@ -94,6 +94,50 @@ def test_weight_grad_same_bits_at_any_thread_count():
     assert np.abs(grads[0] - want).max() <= 1e-5 * np.abs(want).max()
 
 
+def test_filters_last_blocks():
+    """`filters_last`: the block of filters f0.. holds tap t's FV weights at block_at(f0, taps) +
+    t·FV, the filters past n zero."""
+    rng = np.random.default_rng(4)
+    n, c, k = fv.FV + 3, 5, 3
+    w = rng.standard_normal((n, c, k, k))
+    taps = c * k * k
+    wt = np.full(taps * fv.padded_filters(n), np.nan)
+    fv.filters_last(wt, w)
+    for f in (0, 1, fv.FV - 1, fv.FV, n - 1, fv.padded_filters(n) - 1):
+        for t in (0, 7, taps - 1):
+            want = w[f].reshape(-1)[t] if f < n else 0
+            assert wt[fv.block_at(f // fv.FV * fv.FV, taps) + t * fv.FV + f % fv.FV] == want
+
+
+@pytest.mark.parametrize("shape", [(1, 300, 7, 7, 40, 3, 1), (1, 700, 4, 4, 300, 1, 0),
+                                   (1, 130, 8, 8, 64, 3, 1)])
+def test_many_taps_in_chunks(monkeypatch, shape):
+    """More taps than one CHUNK_BYTES chunk of a filter block (set small, so 2700, 700 and 1170
+    taps make several chunks, the last partial), on a 7x7 map (whole 6-position tiles plus a
+    partial one), a 4x4 one (4-position tiles) and an 8x8 one, float32 on the parallel branch by
+    its multiply-adds: equal to the float64 correlation within float32 rounding, and the same bits
+    with one chunk, without the prefetches and at one thread."""
+    B, C, H, W, N, k, pad = shape
+    rng = np.random.default_rng(C)
+    x = rng.standard_normal((B, C, H, W)).astype(np.float32)
+    w = rng.standard_normal((N, C, k, k)).astype(np.float32)
+    assert N * H * W < PARALLEL_MIN and N * H * W * C * k * k >= fv.PARALLEL_MIN_MACS
+    monkeypatch.setattr(fv, "CHUNK_BYTES", 64 * fv.FV * 4)         # 64 taps a chunk
+    y = _run(x, w, 1, 1, pad)
+    want = correlation(x.astype(np.float64), w.astype(np.float64), 1, 1, pad)
+    assert np.abs(y - want).max() <= 1e-5 * np.abs(want).max()
+    monkeypatch.setattr(fv, "PREFETCH", False)
+    np.testing.assert_array_equal(_run(x, w, 1, 1, pad), y)
+    monkeypatch.setattr(fv, "CHUNK_BYTES", 1 << 30)
+    np.testing.assert_array_equal(_run(x, w, 1, 1, pad), y)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        np.testing.assert_array_equal(_run(x, w, 1, 1, pad), y)
+    finally:
+        numba.set_num_threads(before)
+
+
 def test_parallel_branch_float32():
     """Above PARALLEL_MIN output values (the parallel branch) in float32, within its rounding."""
     B, C, H, W, N = 64, 32, 4, 4, 64
@@ -234,6 +278,11 @@ def test_which_layers_take_it(monkeypatch):
     assert takes(c=65) == (False, False)            # 585 taps
     assert takes(c=577, k=1, pad=0) == (False, False)
     assert takes(h=9) == (False, False)             # 81 positions
+    # past MAX_TAPS an inferring batch of at most FEW_POSITIONS output positions takes it anyway
+    assert fv.FEW_POSITIONS == 64
+    assert takes(c=512, h=7, batch=1) == (True, False) and takes(c=512, h=8, batch=1)[0]
+    assert takes(c=1024, k=1, pad=0, h=7, batch=1)[0]
+    assert not takes(c=512, h=7, batch=2)[0] and not takes(c=512, h=9, batch=1)[0]
     assert takes(h=1, k=1, pad=0) == (False, False)     # one position: a connected layer
     for extra in ("groups=2\n", "dilation=2\n"):
         text = CFG.format(batch=1, h=8, c=16, n=24, k=3, s=1, pad=1, bn=0, activation="leaky")

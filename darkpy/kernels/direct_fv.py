@@ -5,9 +5,12 @@ On an 8x8 or 4x4 map a layer's GEMMs are short (im2col: N = 16-64 positions per 
 compute the padding columns of every row (on a 4x4 map a third of the work). Here the vectors run
 across filters instead, as ONNX Runtime's NCHWc convolutions do, while the tensors stay NCHW:
 
-- the weights are laid out as `wt[c·k·k + ky·k + kx, f]` (`filters_last`), filters zero-padded to
-  whole microkernel widths, so the FV filters of one tap (two vectors: 16 filters with AVX2, 32
-  with AVX-512, `simd.LANES`) are two vector loads;
+- the weights are laid out filters last in blocks of FV filters (`filters_last`): a block holds
+  tap t = (c·k + ky)·k + kx's FV weights at t·FV, filters zero-padded to whole microkernel widths,
+  so the FV filters of one tap (two vectors: 16 filters with AVX2, 32 with AVX-512,
+  `simd.LANES`) are two vector loads, and a microkernel streams one contiguous block (as rows of
+  all the filters, a tap's weights were a row apart: past a few hundred taps the block's lines fell
+  into a few of the L2's sets, and 512 -> 512 on 7x7 ran 2.9 ms against 1.0 blocked);
 - a microkernel (`_tile6`) keeps 6 positions x FV filters in twelve vector accumulators over the
   c·k·k taps (with the two weight vectors and a broadcast, 15 of AVX2's 16 registers); each tap
   costs two vector loads, six scalar loads broadcast to the lanes (`simd.get`: no bounds or sign
@@ -62,6 +65,16 @@ WIDE_MIN_POSITIONS = 64
 #: 32 on 32x32 1.55; cifar's 1x1 512 -> 10 on 7x7 1.21 at b64.
 MAX_TAPS = 288
 MAX_POSITIONS = 64
+#: Bytes of a block of filters (FV filters' weights over a chunk of taps) one microkernel pass
+#: reads: past it the taps go in chunks (`_unit`), so the chunk stays in the L2 cache while the
+#: run's tiles read it. Without chunks darknet19's 512 -> 1024 on 7x7 (a 1.2 MB block) ran at the
+#: same 5.8 ms on one thread and on two, from the L3 cache.
+CHUNK_BYTES = 1 << 18
+#: One tile of each chunk's pass prefetches the next chunk of weights (`_unit`).
+PREFETCH = True
+#: A forward with fewer than PARALLEL_MIN output values runs on several threads all the same from
+#: this many multiply-adds (about 10 µs of one core's work).
+PARALLEL_MIN_MACS = 1 << 21
 #: Fewest output positions per item (a 2x2 map; one position is a connected layer's GEMM).
 MIN_POSITIONS = 4
 
@@ -74,6 +87,13 @@ MIN_POSITIONS = 4
 #: and 0.81, 128 -> 64 0.95 (0.73 at b8), 64 -> 64 at b128 0.80, 32 -> 16 3x3 at b128 0.74;
 #: digits' training step 0.92-0.93x.
 TRAINING = True
+#: Inference in a batch of at most this many output positions (a single 7x7 or 8x8 map) takes this
+#: path whatever the taps: a microkernel then streams its block of weights from the L2 cache, at
+#: about 250 GFLOP/s on 512 -> 512 3x3 on 7x7 (2 threads, 2-core Xeon, AVX-512), where the GEMM's
+#: 49 columns kept OpenBLAS at ~150 after im2col. Alternating in one process there, the whole
+#: forward at batch 1: cifar 0.88x the time. 0: never past MAX_TAPS. (At b64 on cifar the 7x7
+#: layers' wide GEMMs win: 1.2-1.3x the time on this path.)
+FEW_POSITIONS = 64
 #: Most taps per filter of a layer that trains, in its forward and its input gradient: its GEMM and
 #: Winograd alternatives are short too (digits' 32 -> 64 on 4x4 at b32 ran Winograd on 128 tiles).
 #: Against MAX_TAPS, alternating in one process (2 threads, 2-core Xeon, AVX-512): digits' training
@@ -83,16 +103,16 @@ TRAINING_MAX_TAPS = 576
 
 
 def supports(c: int, n: int, k: int, groups: int, dilation: int, positions: int,
-             inference_only: bool, stride: int = 1, pad: int = 0) -> bool:
+             inference_only: bool, stride: int = 1, pad: int = 0, batch: int = 1) -> bool:
     """Layers this path takes: ungrouped and undilated, with MIN_POSITIONS to MAX_POSITIONS output
     positions per item; in a network that will only infer, with at most MAX_TAPS taps per filter (c
-    input channels, k x k); in one that trains (with TRAINING), at stride 1 with padding at most
-    k − 1 and at most TRAINING_MAX_TAPS taps per filter of the forward (c·k·k) and of the input
-    gradient (n·k·k)."""
+    input channels, k x k), or any number in a batch of at most FEW_POSITIONS output positions; in
+    one that trains (with TRAINING), at stride 1 with padding at most k − 1 and at most
+    TRAINING_MAX_TAPS taps per filter of the forward (c·k·k) and of the input gradient (n·k·k)."""
     if not (groups == 1 and dilation == 1 and MIN_POSITIONS <= positions <= MAX_POSITIONS):
         return False
     if inference_only:
-        return c * k * k <= MAX_TAPS
+        return c * k * k <= MAX_TAPS or batch * positions <= FEW_POSITIONS
     return (TRAINING and stride == 1 and pad <= k - 1
             and max(c, n) * k * k <= TRAINING_MAX_TAPS)
 
@@ -110,18 +130,23 @@ def padded_filters(n: int) -> int:
 
 @numba.njit(cache=True, nogil=True)
 def filters_last(wt, w):
-    """wt (c·k·k · padded_filters(n),) := w (n, c, k, k) as rows per tap, filters along each row,
-    the filters past n zero."""
+    """wt (c·k·k · padded_filters(n),) := w (n, c, k, k) in blocks of FV filters: the block of
+    filters f0.. starts at `block_at(f0, taps)` and holds, tap after tap, the tap's FV weights
+    (filter f0 + j of tap t at block_at(f0, taps) + t·FV + j); the filters past n zero."""
     n = w.shape[0]
     taps = w.shape[1] * w.shape[2] * w.shape[3]
     wf = w.reshape(n, taps)
-    npad = wt.shape[0] // taps
-    for t in range(taps):
-        row = wt[t * npad:(t + 1) * npad]
-        for f in range(n):
-            row[f] = wf[f, t]
-        for f in range(n, npad):
-            row[f] = 0
+    for f0 in range(0, wt.shape[0] // taps, FV):
+        for t in range(taps):
+            row = wt[block_at(f0, taps) + t * FV:block_at(f0, taps) + (t + 1) * FV]
+            for j in range(FV):
+                row[j] = wf[f0 + j, t] if f0 + j < n else 0
+
+
+@_jit
+def block_at(f0, taps):
+    """Where `filters_last`'s block of the FV filters from f0 starts (f0 a multiple of FV)."""
+    return f0 * taps
 
 
 @_jit
@@ -140,43 +165,72 @@ def _store8(out, a00, a01, a10, a11, a20, a21, a30, a31):
     _store2(out, 6, a30, a31)
 
 
+@_jit
+def _start(out, v, acc, z):
+    """An accumulator's first value: out[v·LANES:(v+1)·LANES] with `acc` (a K chunk after the
+    first), else zero."""
+    return simd.load(out, v * simd.LANES) if acc else z
+
+
+@_jit
+def _prefetch_tap(wt, i):
+    """Prefetch one tap's FV weights from wt[i] (two vectors)."""
+    simd.prefetch(wt, i)
+    simd.prefetch(wt, i + simd.LANES)
+
+
 @_serial
-def _tile6(out, src, s0, wt, npad, toff, pos, p0, f0):
-    """out[:6·FV] := positions pos[p0:p0+6] x filters f0..f0+FV−1 of the correlation, reading
-    the item's (padded) planes at src[s0:]: tap t of position i is src[s0 + pos[p0+i] + toff[t]]."""
+def _tile6(out, src, s0, wt, w0, toff, t0, t1, acc, pos, p0, pf):
+    """out[:6·FV] := (acc: +=) positions pos[p0:p0+6] x the FV filters whose `filters_last` block
+    starts at wt[w0], over taps t0..t1−1, reading the item's (padded) planes at src[s0:]: tap t
+    of position i is src[s0 + pos[p0+i] + toff[t]]. Continuing a sum from out adds the taps in
+    the same order as one pass would: the bits do not depend on the K chunks. With `pf`, each tap
+    also prefetches as many weights from wt[pf] on (the next chunk, `_unit`)."""
     b0, b1, b2, b3 = s0 + pos[p0], s0 + pos[p0 + 1], s0 + pos[p0 + 2], s0 + pos[p0 + 3]
     b4, b5 = s0 + pos[p0 + 4], s0 + pos[p0 + 5]
     z = simd.zero(wt)
-    a00, a01, a10, a11, a20, a21, a30, a31, a40, a41, a50, a51 = z, z, z, z, z, z, z, z, z, z, z, z
-    for t in range(toff.shape[0]):
+    a00, a01, a10, a11 = _start(out, 0, acc, z), _start(out, 1, acc, z), _start(out, 2, acc, z), \
+        _start(out, 3, acc, z)
+    a20, a21, a30, a31 = _start(out, 4, acc, z), _start(out, 5, acc, z), _start(out, 6, acc, z), \
+        _start(out, 7, acc, z)
+    a40, a41, a50, a51 = _start(out, 8, acc, z), _start(out, 9, acc, z), \
+        _start(out, 10, acc, z), _start(out, 11, acc, z)
+    for t in range(t0, t1):
         o = toff[t]
-        w0 = simd.load(wt, t * npad + f0)
-        w1 = simd.load(wt, t * npad + f0 + simd.LANES)
-        a00, a01 = fma2(a00, a01, simd.get(src, b0 + o), w0, w1)
-        a10, a11 = fma2(a10, a11, simd.get(src, b1 + o), w0, w1)
-        a20, a21 = fma2(a20, a21, simd.get(src, b2 + o), w0, w1)
-        a30, a31 = fma2(a30, a31, simd.get(src, b3 + o), w0, w1)
-        a40, a41 = fma2(a40, a41, simd.get(src, b4 + o), w0, w1)
-        a50, a51 = fma2(a50, a51, simd.get(src, b5 + o), w0, w1)
+        v0 = simd.load(wt, w0 + t * FV)
+        v1 = simd.load(wt, w0 + t * FV + simd.LANES)
+        if pf:
+            _prefetch_tap(wt, w0 + t * FV + pf)
+        a00, a01 = fma2(a00, a01, simd.get(src, b0 + o), v0, v1)
+        a10, a11 = fma2(a10, a11, simd.get(src, b1 + o), v0, v1)
+        a20, a21 = fma2(a20, a21, simd.get(src, b2 + o), v0, v1)
+        a30, a31 = fma2(a30, a31, simd.get(src, b3 + o), v0, v1)
+        a40, a41 = fma2(a40, a41, simd.get(src, b4 + o), v0, v1)
+        a50, a51 = fma2(a50, a51, simd.get(src, b5 + o), v0, v1)
     _store8(out, a00, a01, a10, a11, a20, a21, a30, a31)
     _store2(out, 8, a40, a41)
     _store2(out, 10, a50, a51)
 
 
 @_serial
-def _tile4(out, src, s0, wt, npad, toff, pos, p0, f0):
+def _tile4(out, src, s0, wt, w0, toff, t0, t1, acc, pos, p0, pf):
     """`_tile6` for positions pos[p0:p0+4]: out[:4·FV]."""
     b0, b1, b2, b3 = s0 + pos[p0], s0 + pos[p0 + 1], s0 + pos[p0 + 2], s0 + pos[p0 + 3]
     z = simd.zero(wt)
-    a00, a01, a10, a11, a20, a21, a30, a31 = z, z, z, z, z, z, z, z
-    for t in range(toff.shape[0]):
+    a00, a01, a10, a11 = _start(out, 0, acc, z), _start(out, 1, acc, z), _start(out, 2, acc, z), \
+        _start(out, 3, acc, z)
+    a20, a21, a30, a31 = _start(out, 4, acc, z), _start(out, 5, acc, z), _start(out, 6, acc, z), \
+        _start(out, 7, acc, z)
+    for t in range(t0, t1):
         o = toff[t]
-        w0 = simd.load(wt, t * npad + f0)
-        w1 = simd.load(wt, t * npad + f0 + simd.LANES)
-        a00, a01 = fma2(a00, a01, simd.get(src, b0 + o), w0, w1)
-        a10, a11 = fma2(a10, a11, simd.get(src, b1 + o), w0, w1)
-        a20, a21 = fma2(a20, a21, simd.get(src, b2 + o), w0, w1)
-        a30, a31 = fma2(a30, a31, simd.get(src, b3 + o), w0, w1)
+        v0 = simd.load(wt, w0 + t * FV)
+        v1 = simd.load(wt, w0 + t * FV + simd.LANES)
+        if pf:
+            _prefetch_tap(wt, w0 + t * FV + pf)
+        a00, a01 = fma2(a00, a01, simd.get(src, b0 + o), v0, v1)
+        a10, a11 = fma2(a10, a11, simd.get(src, b1 + o), v0, v1)
+        a20, a21 = fma2(a20, a21, simd.get(src, b2 + o), v0, v1)
+        a30, a31 = fma2(a30, a31, simd.get(src, b3 + o), v0, v1)
     _store8(out, a00, a01, a10, a11, a20, a21, a30, a31)
 
 
@@ -229,31 +283,44 @@ def _pad_item(xp, x, b, pad, hp, wp):
 
 
 @_jit
-def _unit(y, src, item, wt, npad, toff, pos, t, groups, runs, k, off, act, add):
+def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_bytes, prefetch):
     """Unit t: item b = t // (groups·runs) (its planes at src[b·item:]), filters FV·(t // runs %
     groups)..., positions of run t % runs; its tiles scattered into y (B, N, S) (added to it with
-    `add`), then the epilogue on what it wrote."""
+    `add`), then the epilogue on what it wrote. Past CHUNK_BYTES of the filters' block the taps
+    go in chunks, each over all of the run's tiles, their sums kept in a buffer for the run."""
     N, S = y.shape[1], y.shape[2]
+    taps = toff.shape[0]
     b = t // (groups * runs)
     f0 = (t // runs % groups) * FV
     p_lo = (t % runs) * UNIT_POSITIONS
     p_hi = min(p_lo + UNIT_POSITIONS, S)
     nf = min(FV, N - f0)
-    wide = toff.shape[0] >= WIDE_MIN_TAPS and S >= WIDE_MIN_POSITIONS
+    w0 = block_at(f0, taps)
+    wide = taps >= WIDE_MIN_TAPS and S >= WIDE_MIN_POSITIONS
     pv = 6 if wide else 4
-    out = np.empty(6 * FV, y.dtype)
-    for p0 in range(p_lo, p_hi, pv):
-        if wide:
-            _tile6(out, src, b * item, wt, npad, toff, pos, p0, f0)
-        else:
-            _tile4(out, src, b * item, wt, npad, toff, pos, p0, f0)
-        for i in range(min(pv, p_hi - p0)):
-            if add:
-                for f in range(nf):
-                    y[b, f0 + f, p0 + i] += out[i * FV + f]
+    kc = max(1, chunk_bytes // (FV * wt.itemsize))         # taps per chunk
+    chunks = -(-taps // kc)
+    out = np.empty(((p_hi - p_lo + pv - 1) // pv if chunks > 1 else 1) * pv * FV, y.dtype)
+    pf_at = min(p_lo + pv, p_hi - 1) // pv * pv         # the second tile, or the only one
+    for ch in range(chunks):
+        t0, t1 = ch * kc, min(taps, (ch + 1) * kc)
+        for p0 in range(p_lo, p_hi, pv):
+            tile = out[(p0 - p_lo) * FV:] if chunks > 1 else out
+            # one tile prefetches the next chunk (after the last, the next unit's block)
+            pf = min(kc, taps) * FV if prefetch and p0 == pf_at else 0
+            if wide:
+                _tile6(tile, src, b * item, wt, w0, toff, t0, t1, ch > 0, pos, p0, pf)
             else:
-                for f in range(nf):
-                    y[b, f0 + f, p0 + i] = out[i * FV + f]
+                _tile4(tile, src, b * item, wt, w0, toff, t0, t1, ch > 0, pos, p0, pf)
+            if ch < chunks - 1:
+                continue
+            for i in range(min(pv, p_hi - p0)):
+                if add:
+                    for f in range(nf):
+                        y[b, f0 + f, p0 + i] += tile[i * FV + f]
+                else:
+                    for f in range(nf):
+                        y[b, f0 + f, p0 + i] = tile[i * FV + f]
     if k.shape[0]:
         for f in range(f0, f0 + nf):
             affine_act_row(y[b, f, p_lo:p_hi], k[f], off[f], act)
@@ -263,11 +330,10 @@ def _unit(y, src, item, wt, npad, toff, pos, t, groups, runs, k, off, act, add):
 # (the source as a conditional expression, the padding loop over a conditional range) made the
 # parallel twin 7x slower (digits' 32 -> 64 layer at b64 0.7 -> 5.2 ms on one thread).
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
-def _forward_serial(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add):
+def _forward_serial(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_bytes, prefetch):
     plane, wp, toff, pos = _tables(x, k, sy, sx, pad, oh, ow)
     B, C = x.shape[0], x.shape[1]
     groups, runs = y.shape[1] // FV + (y.shape[1] % FV > 0), -(-y.shape[2] // UNIT_POSITIONS)
-    npad = groups * FV
     if pad == 0:
         src = x.reshape(B * C * plane)
     else:
@@ -275,15 +341,16 @@ def _forward_serial(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add):
         for b in range(B):
             _pad_item(src, x, b, pad, plane // wp, wp)
     for t in range(B * groups * runs):
-        _unit(y, src, C * plane, wt, npad, toff, pos, t, groups, runs, kk, off, act, add)
+        _unit(y, src, C * plane, wt, toff, pos, t, groups, runs, kk, off, act, add, chunk_bytes,
+              prefetch)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
-def _forward_parallel(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add):
+def _forward_parallel(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_bytes,
+                      prefetch):
     plane, wp, toff, pos = _tables(x, k, sy, sx, pad, oh, ow)
     B, C = x.shape[0], x.shape[1]
     groups, runs = y.shape[1] // FV + (y.shape[1] % FV > 0), -(-y.shape[2] // UNIT_POSITIONS)
-    npad = groups * FV
     if pad == 0:
         src = x.reshape(B * C * plane)
     else:
@@ -291,7 +358,8 @@ def _forward_parallel(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add):
         for b in prange(B):
             _pad_item(src, x, b, pad, plane // wp, wp)
     for t in prange(B * groups * runs):
-        _unit(y, src, C * plane, wt, npad, toff, pos, t, groups, runs, kk, off, act, add)
+        _unit(y, src, C * plane, wt, toff, pos, t, groups, runs, kk, off, act, add, chunk_bytes,
+              prefetch)
 
 
 _NO_AFFINE = np.empty(0)
@@ -302,10 +370,14 @@ def conv_forward(y, x, wt, k, sy, sx, pad, kk=_NO_AFFINE, off=_NO_AFFINE, act=0,
     `filters_last` in wt, stride (sy, sx), zero padding `pad` on every side (with `add`: y += it).
     kk, off: (N,) float64 and the activation code `act`, or empty: then every output plane becomes
     act(y·kk[f] + off[f]) as it is written (the inference epilogue). Serial below PARALLEL_MIN
-    output values."""
+    output values unless they take PARALLEL_MIN_MACS multiply-adds or more (a 7x7 map's few
+    outputs over thousands of taps)."""
     B, N, OH, OW = y.shape
-    run = _forward_serial if y.size < PARALLEL_MIN else _forward_parallel
-    run(y.reshape(B, N, OH * OW), x, wt, k, sy, sx, pad, OH, OW, kk, off, act, add)
+    n = y.size
+    run = (_forward_serial if n < PARALLEL_MIN and n * x.shape[1] * k * k < PARALLEL_MIN_MACS
+           else _forward_parallel)
+    run(y.reshape(B, N, OH * OW), x, wt, k, sy, sx, pad, OH, OW, kk, off, act, add, CHUNK_BYTES,
+        PREFETCH)
 
 
 def turned(w):

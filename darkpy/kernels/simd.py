@@ -111,6 +111,25 @@ def get(typingctx, a, i):
 
 
 @intrinsic
+def prefetch(typingctx, a, i):
+    """Ask the core to bring a[i]'s cache line in for reading (LLVM's prefetch, kept in every
+    cache level; no bounds check: a hint, it never faults)."""
+    if not (_float_array(a) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        ptr = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [ptr.type] + [ir.IntType(32)] * 3),
+            "llvm.prefetch.p0i8")
+        builder.call(fn, [ptr, ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 3),
+                          ir.Constant(ir.IntType(32), 1)])
+        return context.get_dummy_value()
+    return types.void(a, i), codegen
+
+
+@intrinsic
 def zero(typingctx, a):
     """A vector of zeros of a's dtype."""
     if not _float_array(a):

@@ -15,11 +15,12 @@ from ..kernels import direct_fv as fv
 class DirectFvConv:
     """Mixin of ConvolutionalLayer: its direct_fv path."""
 
-    def _fv_applies(self, inference_only: bool) -> bool:
-        """Whether the direct convolution across filters (`fv.supports`) can take this layer."""
+    def _fv_applies(self, inference_only: bool, batch: int) -> bool:
+        """Whether the direct convolution across filters (`fv.supports`) can take this layer at
+        `batch`."""
         return fv.supports(self.in_shape[0] // self.groups, self.n, self.size, self.groups,
                            self.dilation, self.out_shape[1] * self.out_shape[2], inference_only,
-                           max(self.stride_x, self.stride_y), self.padding)
+                           max(self.stride_x, self.stride_y), self.padding, batch)
 
     def filters_last(self) -> np.ndarray:
         """The weights laid out for `fv.conv_forward`: while they are fixed (`inference_only`) made

@@ -282,7 +282,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
         self.wgrad_tmp = np.zeros((0,), self.dtype)
         ic.reserve(self.chunk * (rows + ng) * cols, self.dtype)
         self._kept_wt = None
-        self.direct_fv = DIRECT_FV and self._fv_applies(self.inference_only)
+        self.direct_fv = DIRECT_FV and self._fv_applies(self.inference_only, batch)
         self.direct = not self.direct_fv and self._direct_applies(batch, self.inference_only)
         self.winograd = not (self.direct or self.direct_fv) and self._use_winograd(batch)
         # a 1x1 layer on a 1x1 map (a classifier's last layer) is a connected layer: one GEMM of the
@@ -343,7 +343,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
         _, oh, ow = self.out_shape
         whole = batch * (oh // 2) * (ow // 2)
         return tiles if (self.can_keep_filters and tiles < WINOGRAD_MIN_TILES
-                         and not (DIRECT_FV and self._fv_applies(True))
+                         and not (DIRECT_FV and self._fv_applies(True, batch))
                          and whole >= WINOGRAD_KEPT_MIN_TILES
                          and self.in_shape[0] >= WINOGRAD_KEPT_MIN_CHANNELS) else 0
 
@@ -351,7 +351,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
         """Whether this batch puts an inferring layer on Winograd without a kept filter transform
         (which it then makes at every forward unless kept: `plan_kept_filters`)."""
         return (self.can_keep_filters and self.winograd_tiles(batch) >= WINOGRAD_MIN_TILES
-                and not (DIRECT_FV and self._fv_applies(True))
+                and not (DIRECT_FV and self._fv_applies(True, batch))
                 and not self._direct_applies(batch, True))
 
     def _direct_applies(self, batch: int, inference_only: bool) -> bool:
