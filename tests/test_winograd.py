@@ -313,6 +313,9 @@ def test_winograd_chunk_rule(monkeypatch):
     assert cw._winograd_chunk(300, 4, 32) == 10          # fits 3, raised to 40 tiles
     assert cw._winograd_chunk(300, 4, 6) == 6            # never more than the batch
     assert cw._winograd_chunk(5000, 100, 8) == 1         # at least one item
+    monkeypatch.setattr(cw, "WINOGRAD_INFER_CHUNK_VALUES", 500)
+    assert cw._winograd_chunk(50, 64, 32, inference_only=True) == 10     # its own cap
+    assert cw._winograd_chunk(50, 64, 32) == 20
     monkeypatch.setattr(ic, "CHUNK_VALUES", 1500)
     assert cw._winograd_chunk(300, 4, 32) == 5           # the workspace cap wins
     net = network_from_text(CFG.format(batch=40, h=16, w=16, padding=1, bn=0))
