@@ -168,9 +168,12 @@ def _chunk_v(x, pad):
 
 
 def test_fused_band_groups_rule():
-    """Enough tasks for two per thread on a map of few bands; whole groups of 8 filters; bands
-    within half an L2 (fewer rows over more input channels), their rows evened out."""
-    assert wf.groups(512, 1, 2) == 4 and wf.groups(512, 8, 2) == 1 and wf.groups(6, 1, 4) == 1
+    """Enough tasks for TASKS_PER_THREAD per thread on a map of few bands; whole groups of 8
+    filters; bands within half an L2 (fewer rows over more input channels), their rows evened
+    out."""
+    assert wf.TASKS_PER_THREAD == 1
+    assert wf.groups(512, 1, 2) == 2 and wf.groups(512, 2, 2) == 1 and wf.groups(512, 8, 2) == 1
+    assert wf.groups(512, 1, 4) == 4 and wf.groups(6, 1, 4) == 1 and wf.groups(16, 1, 4) == 2
     assert wf.band_rows(13, 13, 32, 32) == 9 and wf.band_rows(200, 100, 32, 32) == 1
     assert wf.band_rows(14, 14, 128, 128) == 7 and wf.band_rows(13, 13, 512, 512) == 2
     assert wf.band_count(13, 13, 32, 32, 1, 2) == 2 and wf.band_count(13, 13, 512, 512, 1, 2) == 8
