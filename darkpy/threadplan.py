@@ -12,11 +12,11 @@ from the second thread depends on the machine, its load, the batch and the input
 
 - the first pass of a kind (forward or backward, inference or training, at one batch, input size
   and thread count) runs as usual and is not timed (first touches of fresh buffers);
-- the next 2·SAMPLES passes alternate between all threads and one thread for every layer, timing
-  each layer;
+- the next 2·SAMPLES passes (2·SAMPLES_LONG when the first of them took LONG_PASS_S or more)
+  alternate between all threads and one thread for every layer, timing each layer;
 - each layer is then given one thread if its fastest one-thread time was clearly lower (below
   ONE_THREAD_BELOW of its all-thread time), else all threads;
-- that choice is checked in place: for up to CHECK_ROUNDS rounds of SAMPLES passes run as chosen,
+- that choice is checked in place: for up to CHECK_ROUNDS rounds of as many passes run as chosen,
   a layer left on all threads whose time there is not clearly above its one-thread time moves to
   one thread. In the alternating passes every layer found the pool awake (its predecessor had just
   used it); in the chosen plan a layer after one that ran on one thread must wake the pool first,
@@ -38,8 +38,15 @@ from typing import Callable, Sequence
 import numba
 from numba.np.ufunc import parallel as _numba_parallel
 
-#: Timed passes per arm (all threads, one thread) before a layer's thread count is chosen.
-SAMPLES = 3
+#: Timed passes per arm (all threads, one thread) before a layer's thread count is chosen, where
+#: the first timed pass took less than LONG_PASS_S, else SAMPLES_LONG (a training step of seconds
+#: then measures for fewer steps). On the 2-core AVX-512 Xeon VM, whose second core is now and
+#: then slow to answer, 3 samples let a noisy one move layers: alternating 6 against 3 in one
+#: process, each side's plan made anew, batch-1 inference of shapes-tiny took 0.86-0.94x the time
+#: (and 1.05 once), of cifar 0.97-0.99x, of yolov3-tiny 0.98x.
+SAMPLES = 6
+SAMPLES_LONG = 3
+LONG_PASS_S = 0.05
 #: A layer moves to one thread only when its fastest one-thread time is below this share of its
 #: fastest all-thread time: a layer whose two times are close keeps all threads, so a noisy sample
 #: cannot move it (on the Zen 5 VM the layers of yolov3-tiny or darknet.cfg at b1 measure within
@@ -74,6 +81,8 @@ class ThreadPlan:
         self.best = [[float("inf")] * layers for _ in range(2)]
         #: chosen thread count per layer, None while measuring
         self.choice: list[int] | None = None
+        #: timed passes per arm (SAMPLES, or SAMPLES_LONG once a timed pass was long)
+        self.samples = SAMPLES
         #: passes left checking the choice in place, and each layer's best time there
         self.checks = SAMPLES * CHECK_ROUNDS
         self.placed = [float("inf")] * layers
@@ -121,7 +130,7 @@ class ThreadPlan:
         threads that were not clearly faster there than on one thread move to one; no move (or
         the last round) ends the checks."""
         self.checks -= 1
-        if self.checks % SAMPLES:
+        if self.checks % self.samples:
             return
         moved = False
         for i, (n, placed, one) in enumerate(zip(self.choice, self.placed, self.best[1])):
@@ -139,15 +148,21 @@ class ThreadPlan:
         numba.set_num_threads(self.threads if arm == 0 else 1)
         best = self.best[arm]
         clock = self.clock
+        total = 0.0
         for i in order:
             t0 = clock()
             stop = step(i)
             if timed:
-                best[i] = min(best[i], clock() - t0)
+                dt = clock() - t0
+                best[i] = min(best[i], dt)
+                total += dt
             if stop:
                 break
         self.passes += 1
-        if self.passes > 2 * SAMPLES:
+        if self.passes == 2 and total >= LONG_PASS_S:      # the first timed pass was long
+            self.samples = SAMPLES_LONG
+            self.checks = SAMPLES_LONG * CHECK_ROUNDS
+        if self.passes > 2 * self.samples:
             self.choice = [1 if one < ONE_THREAD_BELOW * many else self.threads
                            for many, one in zip(*self.best)]
 

@@ -9,7 +9,8 @@ import pytest
 from conftest import ROOT
 
 from darkpy.network import load_network, network_from_text
-from darkpy.threadplan import CHECK_ROUNDS, ONE_THREAD_BELOW, SAMPLES, ThreadPlan
+from darkpy.threadplan import (CHECK_ROUNDS, LONG_PASS_S, ONE_THREAD_BELOW, SAMPLES, SAMPLES_LONG,
+                               ThreadPlan)
 
 pytestmark = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
                                 reason="needs 2 numba threads (NUMBA_NUM_THREADS < 2 on this machine)")
@@ -38,26 +39,33 @@ class FakeClock:
         self.now += one if numba.get_num_threads() == 1 else many
 
 
-def test_plan_measures_both_arms_then_keeps_the_faster_per_layer():
+@pytest.mark.parametrize("unit", [1.0, 1e-4])
+def test_plan_measures_both_arms_then_keeps_the_faster_per_layer(unit):
     # (time on 2 threads, time on 1): layer 0 gains from the second thread, layer 1 loses, 2 ties
-    # and 3 is only a little faster on one thread (kept on all: ONE_THREAD_BELOW)
-    clock = FakeClock({0: (3.0, 5.0), 1: (4.0, 1.0), 2: (2.0, 2.0), 3: (2.0, 1.9)})
+    # and 3 is only a little faster on one thread (kept on all: ONE_THREAD_BELOW). Passes of 11
+    # units: in seconds long ones (SAMPLES_LONG passes per arm), in 0.1 ms short ones (SAMPLES)
+    costs = {0: (3.0, 5.0), 1: (4.0, 1.0), 2: (2.0, 2.0), 3: (2.0, 1.9)}
+    clock = FakeClock({i: (a * unit, b * unit) for i, (a, b) in costs.items()})
     plan = ThreadPlan(4, 2, clock=clock)
+    samples = SAMPLES_LONG if 11 * unit >= LONG_PASS_S else SAMPLES
+    assert 11e-4 < LONG_PASS_S and SAMPLES > SAMPLES_LONG
     seen = []
 
     def step(i):
         seen.append((plan.passes, i, numba.get_num_threads()))
         clock.step(i)
 
-    for _ in range(2 * SAMPLES + 1):
+    for _ in range(2 * samples + 1):
         assert plan.choice is None
         plan.run(range(4), step)
         assert numba.get_num_threads() == 2          # the caller's count is back after each pass
     assert ONE_THREAD_BELOW * 2.0 < 1.9 and plan.choice == [2, 1, 2, 2]
+    assert plan.samples == samples and plan.checks == samples * CHECK_ROUNDS
     # pass 0 untimed on all threads, then all threads and one thread in turn
     arms = [n for p, i, n in seen if i == 0]
-    assert arms == [2] + [2, 1] * SAMPLES
-    assert plan.best == [[3.0, 4.0, 2.0, 2.0], [5.0, 1.0, 2.0, pytest.approx(1.9)]]
+    assert arms == [2] + [2, 1] * samples
+    assert plan.best == [[pytest.approx(a * unit) for a, _ in costs.values()],
+                         [pytest.approx(b * unit) for _, b in costs.values()]]
     seen.clear()
     plan.run(range(4), step)
     assert [n for _, _, n in seen] == [2, 1, 2, 2] and numba.get_num_threads() == 2
@@ -93,13 +101,13 @@ def test_choice_checked_in_place_moves_layers_that_pay_for_waking_the_pool():
     while plan.choice is None:
         plan.run(range(3), clock.step)
         passes += 1
-    assert passes == 2 * SAMPLES + 1 and plan.choice == [1, 2, 2] and plan.checks
+    assert passes == 2 * SAMPLES_LONG + 1 and plan.choice == [1, 2, 2] and plan.checks
     while plan.checks:
         plan.run(range(3), clock.step)
         passes += 1
         assert numba.get_num_threads() == 2
     # round 1 moves layer 1 (4.0 in place against 3.5 on one thread); round 2 moves nothing
-    assert CHECK_ROUNDS >= 2 and plan.choice == [1, 1, 2] and passes == 4 * SAMPLES + 1
+    assert CHECK_ROUNDS >= 2 and plan.choice == [1, 1, 2] and passes == 4 * SAMPLES_LONG + 1
     before = clock.now
     plan.run(range(3), clock.step)
     assert clock.now - before == 2.0 + 3.5 + 3.0
