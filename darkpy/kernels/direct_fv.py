@@ -173,10 +173,22 @@ def _start(out, v, acc, z):
 
 
 @_jit
-def _prefetch_tap(wt, i):
-    """Prefetch one tap's FV weights from wt[i] (two vectors)."""
-    simd.prefetch(wt, i)
-    simd.prefetch(wt, i + simd.LANES)
+def _start8(out, acc, z):
+    """The first eight accumulators' first values (`_start`)."""
+    return (_start(out, 0, acc, z), _start(out, 1, acc, z), _start(out, 2, acc, z),
+            _start(out, 3, acc, z), _start(out, 4, acc, z), _start(out, 5, acc, z),
+            _start(out, 6, acc, z), _start(out, 7, acc, z))
+
+
+@_jit
+def _tap_weights(wt, w0, t, pf):
+    """Tap t's FV weights in the block at wt[w0] (two vectors); with `pf`, the weights pf values
+    on are prefetched."""
+    i = w0 + t * FV
+    if pf:
+        simd.prefetch(wt, i + pf)
+        simd.prefetch(wt, i + pf + simd.LANES)
+    return simd.load(wt, i), simd.load(wt, i + simd.LANES)
 
 
 @_serial
@@ -189,18 +201,12 @@ def _tile6(out, src, s0, wt, w0, toff, t0, t1, acc, pos, p0, pf):
     b0, b1, b2, b3 = s0 + pos[p0], s0 + pos[p0 + 1], s0 + pos[p0 + 2], s0 + pos[p0 + 3]
     b4, b5 = s0 + pos[p0 + 4], s0 + pos[p0 + 5]
     z = simd.zero(wt)
-    a00, a01, a10, a11 = _start(out, 0, acc, z), _start(out, 1, acc, z), _start(out, 2, acc, z), \
-        _start(out, 3, acc, z)
-    a20, a21, a30, a31 = _start(out, 4, acc, z), _start(out, 5, acc, z), _start(out, 6, acc, z), \
-        _start(out, 7, acc, z)
+    a00, a01, a10, a11, a20, a21, a30, a31 = _start8(out, acc, z)
     a40, a41, a50, a51 = _start(out, 8, acc, z), _start(out, 9, acc, z), \
         _start(out, 10, acc, z), _start(out, 11, acc, z)
     for t in range(t0, t1):
         o = toff[t]
-        v0 = simd.load(wt, w0 + t * FV)
-        v1 = simd.load(wt, w0 + t * FV + simd.LANES)
-        if pf:
-            _prefetch_tap(wt, w0 + t * FV + pf)
+        v0, v1 = _tap_weights(wt, w0, t, pf)
         a00, a01 = fma2(a00, a01, simd.get(src, b0 + o), v0, v1)
         a10, a11 = fma2(a10, a11, simd.get(src, b1 + o), v0, v1)
         a20, a21 = fma2(a20, a21, simd.get(src, b2 + o), v0, v1)
@@ -217,16 +223,10 @@ def _tile4(out, src, s0, wt, w0, toff, t0, t1, acc, pos, p0, pf):
     """`_tile6` for positions pos[p0:p0+4]: out[:4·FV]."""
     b0, b1, b2, b3 = s0 + pos[p0], s0 + pos[p0 + 1], s0 + pos[p0 + 2], s0 + pos[p0 + 3]
     z = simd.zero(wt)
-    a00, a01, a10, a11 = _start(out, 0, acc, z), _start(out, 1, acc, z), _start(out, 2, acc, z), \
-        _start(out, 3, acc, z)
-    a20, a21, a30, a31 = _start(out, 4, acc, z), _start(out, 5, acc, z), _start(out, 6, acc, z), \
-        _start(out, 7, acc, z)
+    a00, a01, a10, a11, a20, a21, a30, a31 = _start8(out, acc, z)
     for t in range(t0, t1):
         o = toff[t]
-        v0 = simd.load(wt, w0 + t * FV)
-        v1 = simd.load(wt, w0 + t * FV + simd.LANES)
-        if pf:
-            _prefetch_tap(wt, w0 + t * FV + pf)
+        v0, v1 = _tap_weights(wt, w0, t, pf)
         a00, a01 = fma2(a00, a01, simd.get(src, b0 + o), v0, v1)
         a10, a11 = fma2(a10, a11, simd.get(src, b1 + o), v0, v1)
         a20, a21 = fma2(a20, a21, simd.get(src, b2 + o), v0, v1)
