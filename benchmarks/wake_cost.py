@@ -3,7 +3,7 @@ waking the thread pool, which decides how much work a kernel needs before a seco
 (darkpy/kernels/__init__.py: PARALLEL_MIN and friends). Not a benchmark: nothing is compared with
 other frameworks, nothing is published.
 
-    python -m benchmarks.wake_cost                 # as the `darkpy` command runs (GOMP_SPINCOUNT=2000)
+    python -m benchmarks.wake_cost                 # as the `darkpy` command runs (GOMP_SPINCOUNT=30000)
     python -m benchmarks.wake_cost --as-is         # with this shell's environment only, e.g.
     OMP_WAIT_POLICY=PASSIVE python -m benchmarks.wake_cost --as-is
 
@@ -12,8 +12,9 @@ region called back to back, and again after ~1 ms of other work (the pool has go
 then unless it spins that long). Measured 2026-12-02 on a 2-core Zen 5 VM, 2 threads, two runs:
 52-66 µs back to back and 67-100 µs after a gap with PASSIVE; 1.3-1.9 and 1.4-8.6 µs with libgomp's
 default spinning. On a 2-core Zen 4 VM (2026-12-02, one run each): 1.5 µs back to back and 38 µs
-after the gap with the command's GOMP_SPINCOUNT=2000 (the workers have gone to sleep by then),
-52 and 67 µs with PASSIVE.
+after the gap with the command's GOMP_SPINCOUNT=2000 then (the workers have gone to sleep by
+then), 52 and 67 µs with PASSIVE. On the 2-core AVX-512 Xeon VM (2026-12-05) with the command's
+GOMP_SPINCOUNT=30000: 1.9 µs back to back, 36 µs after the gap (asleep again after 1 ms).
 """
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
-from .kernels import gemm
+from .kernels import PARALLEL_MIN, cblas, gemm
+from .kernels import im2col as ic
 
 #: Multiply-adds (m·n·k) from which a GEMM runs on the run's BLAS threads instead of one. On a busy
 #: machine a woken worker waits behind other processes (measured 3-8 ms per 2-thread GEMM of 2-17M
@@ -117,15 +118,99 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
         return np.matmul(a, b, out=out)
     stack = math.prod(out.shape[:-2]) if out is not None and out.ndim >= 3 else 1
     if stack > 1 and macs < STREAM_MAX_MACS and macs * stack >= STREAM_MIN_MACS:
-        _streams(a, b, out, min(_state["max"], stack, numba.get_num_threads()))
+        streams = min(_state["max"], stack, numba.get_num_threads())
+        if not _split_stack(a, b, out, stack, streams):
+            _streams(a, b, out, streams)
         return out
     if macs <= OPENBLAS_SERIAL_MAX_MACS:
         return np.matmul(a, b, out=out)
+    if threads_for(macs) > 1 and _split(a, b, out):
+        return out
     _set(threads_for(macs))
     try:
         return np.matmul(a, b, out=out)
     finally:
         _set(_state["max"])
+
+
+#: A 2-D float32 GEMM that would run on the run's BLAS threads runs split between numba's threads
+#: instead (kernels/cblas.py: one single-threaded OpenBLAS call per part, on the numba workers
+#: that are still spinning from the layer before), by blocks of rows of the output when it has at
+#: least as many rows as columns, else of columns.
+SPLIT = True
+#: Fewest multiply-adds per part: OpenBLAS runs products of up to 100³ on small-matrix kernels that
+#: sum in another order, so parts must stay past that for a GEMM to give the same bits split or
+#: whole, at any thread count.
+SPLIT_MIN_PART_MACS = 1 << 21
+
+
+def _operand(x: np.ndarray):
+    """(array, CBLAS transpose flag, leading dimension) that reads the 2-D x in place, or None."""
+    if x.flags.c_contiguous:
+        return x, cblas.NO_TRANS, x.shape[1]
+    if x.T.flags.c_contiguous:
+        return x.T, cblas.TRANS, x.shape[0]
+    return None
+
+
+def _matrices(x: np.ndarray, count: int):
+    """(address, CBLAS transpose flag, leading dimension, floats from one matrix to the next) that
+    read x in place as `count` matrices (a 2-D x: the same one for all), or None."""
+    if x.ndim == 2:
+        op = _operand(x)
+        return None if op is None else (x.ctypes.data, op[1], op[2], 0)
+    flat = x.view()
+    try:
+        flat.shape = (-1, *x.shape[-2:])            # without a copy, or AttributeError
+    except AttributeError:
+        return None
+    op = _operand(flat[0])
+    if flat.shape[0] != count or op is None or flat.strides[0] % x.itemsize:
+        return None
+    return flat.ctypes.data, op[1], op[2], flat.strides[0] // x.itemsize
+
+
+def _split_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, count: int, parts: int) -> bool:
+    """out := a @ b, a stack of `count` float32 GEMMs, by `cblas.stacked_sgemm` in `parts` runs of
+    matrices on numba's threads (what `_streams` does on helper threads, without handing work to
+    another pool), when SPLIT, the sgemm is there and every operand reads in place; whether it ran."""
+    if not (SPLIT and out.flags.c_contiguous and cblas.load()
+            and a.dtype == b.dtype == out.dtype == np.float32):
+        return False
+    ma, mb = _matrices(a, count), _matrices(b, count)
+    if ma is None or mb is None:
+        return False
+    m, n, k = out.shape[-2], out.shape[-1], a.shape[-1]
+    _set(1)
+    try:
+        cblas.stacked_sgemm(out.ctypes.data, *ma, *mb, m, n, k, count, parts)
+    finally:
+        _set(_state["max"])
+    return True
+
+
+def _split(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> bool:
+    """out := a @ b by `cblas.split_sgemm` on numba's current thread count, when SPLIT, the sgemm
+    is there and the operands allow (2-D float32, or stacks of one matrix; out C-contiguous, a and b
+    C-contiguous or the transpose of such); whether it ran."""
+    if not (SPLIT and out is not None and out.flags.c_contiguous and cblas.load()
+            and a.dtype == b.dtype == out.dtype == np.float32):
+        return False
+    a, b, out = (x.reshape(x.shape[-2:]) if x.ndim > 2 and x.size == math.prod(x.shape[-2:]) else x
+                 for x in (a, b, out))          # a stack of one matrix (a single item's GEMM)
+    if not a.ndim == b.ndim == out.ndim == 2:
+        return False
+    opa, opb = _operand(a), _operand(b)
+    if opa is None or opb is None:
+        return False
+    (m, k), n = a.shape, b.shape[1]
+    _set(1)
+    try:
+        parts = max(1, min(numba.get_num_threads(), m * n * k // SPLIT_MIN_PART_MACS))
+        cblas.split_sgemm(out, *opa, *opb, m, n, k, parts, m >= n)
+    finally:
+        _set(_state["max"])
+    return True
 
 
 #: `product` takes darkpy's own GEMM where it fits (False: BLAS for every product, to compare).
@@ -134,18 +219,26 @@ OWN_GEMM = True
 
 
 def product(out: np.ndarray, a: np.ndarray, b: np.ndarray, add: bool = False,
-            scratch: np.ndarray | None = None) -> np.ndarray:
+            scratch: np.ndarray | None = None, bias: np.ndarray | None = None) -> np.ndarray:
     """out (M, N) = (add: +=) a (M, K) @ b (K, N), 2-D, out C-contiguous: on darkpy's own GEMM
-    (kernels/gemm.py: tall products on AVX-512, adding in place) where it `fits`, else `matmul`
-    (into `scratch`, shaped like out, then added, when `add`)."""
+    (kernels/gemm.py: tall products on AVX-512, adding in place; a may be a transposed view, as a
+    weight gradient's dᵀ) where it `fits`, else `matmul` (into `scratch`, shaped like out, then
+    added in parallel, when `add`). A `bias` (N,), only without `add`, is added to every row (by
+    the own GEMM as where its sums start)."""
+    assert bias is None or not add, "a bias only for a product that is written, not added"
     m, k = a.shape
     n = b.shape[1]
-    if OWN_GEMM and gemm.fits(m, k, n) and a.flags.c_contiguous and out.flags.c_contiguous:
-        gemm.product(out, a, b, add)
+    a_ok = a.flags.c_contiguous or a.T.flags.c_contiguous
+    if OWN_GEMM and gemm.fits(m, k, n) and a_ok and out.flags.c_contiguous:
+        gemm.product(out, a, b, add, bias)
+    elif add and out.size >= PARALLEL_MIN:
+        ic.add_into(out.reshape(-1), matmul(a, b, out=scratch).reshape(-1))
     elif add:
         out += matmul(a, b, out=scratch)
     else:
         matmul(a, b, out=out)
+        if bias is not None:
+            out += bias
     return out
 
 

@@ -54,6 +54,13 @@ def test_unconfigured_is_plain_matmul(monkeypatch):
 
 
 @pytest.fixture
+def _streams_only(monkeypatch):
+    """The stacks below go to `_streams` (helper threads), not to numba's threads (SPLIT,
+    tests/test_cblas.py)."""
+    monkeypatch.setattr(blas, "SPLIT", False)
+
+
+@pytest.fixture
 def _two_numba_threads():
     import numba
     saved = numba.get_num_threads()
@@ -67,7 +74,7 @@ def _two_numba_threads():
                                     ((7, 64, 96), (96, 700)),
                                     ((4, 3, 64, 32), (4, 3, 32, 64)),    # attention's (S, H) stacks
                                     ((3, 64, 32), (4, 3, 32, 64))])      # broadcast over the first axis
-def test_streamed_stack_gives_each_matrix_its_own_gemm_bits(shapes, _two_numba_threads):
+def test_streamed_stack_gives_each_matrix_its_own_gemm_bits(shapes, _two_numba_threads, _streams_only):
     """A stack split into concurrent streams gives, bit for bit, what one matrix product after the
     other on one BLAS thread gives, and leaves OpenBLAS on the run's count."""
     if _two_numba_threads < 2 or not _openblas_threads():
@@ -92,7 +99,7 @@ def test_streamed_stack_gives_each_matrix_its_own_gemm_bits(shapes, _two_numba_t
                 assert np.array_equal(out[i], np.matmul(sa[i], sb[i])), f"matrix {i}"
 
 
-def test_streams_read_and_write_strided_views(_two_numba_threads):
+def test_streams_read_and_write_strided_views(_two_numba_threads, _streams_only):
     """Attention's stacks: the operands and the output are (S, H, T, dh) views of time-major rows;
     streamed, they give np.matmul's bits on one BLAS thread, and the rows outside stay untouched."""
     if _two_numba_threads < 2 or not _openblas_threads():
@@ -118,7 +125,7 @@ def test_streams_read_and_write_strided_views(_two_numba_threads):
     assert np.isnan(heads(out, 1, 2)).all()
 
 
-def test_streams_follow_the_calling_threads_numba_count(_two_numba_threads):
+def test_streams_follow_the_calling_threads_numba_count(_two_numba_threads, _streams_only):
     """A thread whose numba count is 1 (a layer the thread plan keeps on one thread) computes the
     stack itself; an error in any stream reaches the caller."""
     import numba

@@ -1,5 +1,5 @@
-"""kernels/gemm.py and blas.product: darkpy's own GEMM (A in place, B packed from a transposed
-weight matrix or read in place) against float64 products, written and added, with a last partial
+"""kernels/gemm.py and blas.product: darkpy's own GEMM (A in place, as it is or transposed; B
+packed from a transposed weight matrix or read in place) against float64 products, written and added, with a last partial
 block of rows, a last single vector of columns and more than one pass over k; the same bits on one
 thread as on two; and blas.product's BLAS fallback for shapes the kernel does not take."""
 from __future__ import annotations
@@ -26,9 +26,13 @@ def _run(c, a, b, add, threads):
 @pytest.mark.parametrize("m, k, n", [(8, 3, LANES), (72, 300, 3 * LANES), (128, 2 * gemm.KB + 5, 4 * LANES)])
 @pytest.mark.parametrize("transposed", [True, False])
 @pytest.mark.parametrize("add", [False, True])
-def test_product_against_float64(m, k, n, transposed, add, dtype):
+@pytest.mark.parametrize("a_transposed", [False, True])
+def test_product_against_float64(m, k, n, transposed, add, a_transposed, dtype):
     rng = np.random.default_rng(m + k)
     a = rng.standard_normal((m, k)).astype(dtype)
+    if a_transposed:            # a weight gradient's dᵀ: the transposed view of a (k, m) array
+        a = np.ascontiguousarray(a.T).T
+        assert not a.flags.c_contiguous
     w = rng.standard_normal((n, k)).astype(dtype)
     b = w.T if transposed else np.ascontiguousarray(w.T)      # a weight's transpose: packed first
     c0 = rng.standard_normal((m, n)).astype(dtype)
@@ -49,8 +53,10 @@ def test_fits_and_the_blas_fallback():
     assert not gemm.fits(8, 8, LANES)                       # too small to be worth it
     assert gemm.fits(1024, 128, 512) == (LANES == 16)       # AVX-512 only
     rng = np.random.default_rng(1)
-    for m, k, n in [(1001, 128, 128), (1024, 128, 512)]:
+    for (m, k, n), a_t in [((1001, 128, 128), False), ((1024, 128, 512), False),
+                           ((1001, 128, 128), True), ((1024, 128, 512), True)]:
         a = rng.standard_normal((m, k)).astype(np.float32)
+        a = np.ascontiguousarray(a.T).T if a_t else a          # dᵀ of a weight gradient
         w = rng.standard_normal((n, k)).astype(np.float32)
         c0 = rng.standard_normal((m, n)).astype(np.float32)
         c = c0.copy()
@@ -59,3 +65,17 @@ def test_fits_and_the_blas_fallback():
         assert np.abs(c - want).max() <= 1e-5 * np.abs(want).max()
         blas.product(c, a, w.T)
         assert np.abs(c - (want - c0)).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("m, k, n", [(72, 300, 3 * LANES), (1001, 128, 128)])    # own GEMM, BLAS fallback
+def test_bias_is_added_to_every_row(m, k, n):
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    blas.product(c, a, w.T, bias=bias)
+    want = a.astype(np.float64) @ w.T.astype(np.float64) + bias
+    assert np.abs(c - want).max() <= 1e-5 * np.abs(want).max()
+    with pytest.raises(AssertionError, match="bias"):
+        blas.product(c, a, w.T, add=True, bias=bias)

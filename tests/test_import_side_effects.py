@@ -124,7 +124,7 @@ print("ENV", os.environ["GOMP_SPINCOUNT"], os.environ["OPENBLAS_THREAD_TIMEOUT"]
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "ENV 2000 7 unset" in r.stderr
+    assert "ENV 30000 7 unset" in r.stderr
 
 
 def test_set_command_environment_keeps_values_already_set():
@@ -144,4 +144,4 @@ def test_a_wait_policy_the_user_set_is_not_overridden_by_a_spin_count():
         assert env == {"OMP_WAIT_POLICY": policy, "OPENBLAS_THREAD_TIMEOUT": "4"}
     env = {}
     set_command_environment(env)
-    assert env == {"GOMP_SPINCOUNT": "2000", "OPENBLAS_THREAD_TIMEOUT": "4"}
+    assert env == {"GOMP_SPINCOUNT": "30000", "OPENBLAS_THREAD_TIMEOUT": "4"}

@@ -12,7 +12,7 @@ import functools
 import numba
 
 # (numba's OpenMP workers spin ~3 ms after a parallel region by default: the `darkpy` command sets
-# GOMP_SPINCOUNT=2000, ~20 µs, for its own process, see darkpy/process.py; importing darkpy sets
+# GOMP_SPINCOUNT=30000, a few hundred µs, for its own process, see darkpy/process.py; importing darkpy sets
 # nothing.)
 
 #: Serial kernel: cached on disk, releases the GIL (so the data loader thread can run beside it).

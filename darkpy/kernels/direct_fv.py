@@ -377,8 +377,8 @@ def conv_forward(y, x, wt, k, sy, sx, pad, kk=_NO_AFFINE, off=_NO_AFFINE, act=0,
     outputs over thousands of taps)."""
     B, N, OH, OW = y.shape
     n = y.size
-    run = (_forward_serial if n < PARALLEL_MIN and n * x.shape[1] * k * k < PARALLEL_MIN_MACS
-           else _forward_parallel)
+    macs = B * padded_filters(N) * OH * OW * x.shape[1] * k * k       # what the microkernels do
+    run = _forward_serial if n < PARALLEL_MIN and macs < PARALLEL_MIN_MACS else _forward_parallel
     run(y.reshape(B, N, OH * OW), x, wt, k, sy, sx, pad, OH, OW, kk, off, act, add, CHUNK_BYTES,
         PREFETCH)
 

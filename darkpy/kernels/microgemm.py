@@ -43,11 +43,11 @@ def rows4x2(out, o0, o1, o2, o3, lhs, l0, l1, l2, l3, rhs, r0, rstr, klo, khi, l
 
 
 @jit(inline="always")
-def rows8x2(out, ob, ostr, lhs, lb, lstr, rhs, r0, rstr, klo, khi, add):
-    """out[ob + i·ostr : … + CV] := (add: +=) Σ_{k in [klo, khi)} lhs[lb + i·lstr + k] ·
+def rows8x2(out, ob, ostr, lhs, lb, lstr, rhs, r0, rstr, klo, khi, add, lk=1):
+    """out[ob + i·ostr : … + CV] := (add: +=) Σ_{k in [klo, khi)} lhs[lb + i·lstr + k·lk] ·
     rhs[r0 + k·rstr : … + CV] for the eight rows i = 0..7, in sixteen accumulators: two vector loads
     and eight broadcasts per sixteen FMAs (`rows4x2`'s six per eight), so the FMAs, not the loads,
-    set the pace."""
+    set the pace. lk > 1 reads a transposed left operand in place, as `rows4x2`."""
     a0, a1 = _start2(out, ob, add)
     b0, b1 = _start2(out, ob + ostr, add)
     c0, c1 = _start2(out, ob + 2 * ostr, add)
@@ -60,7 +60,7 @@ def rows8x2(out, ob, ostr, lhs, lb, lstr, rhs, r0, rstr, klo, khi, add):
         ri = r0 + k * rstr
         v0 = simd.load(rhs, ri)
         v1 = simd.load(rhs, ri + simd.LANES)
-        li = lb + k
+        li = lb + k * lk
         a0, a1 = fma2(a0, a1, simd.get(lhs, li), v0, v1)
         b0, b1 = fma2(b0, b1, simd.get(lhs, li + lstr), v0, v1)
         c0, c1 = fma2(c0, c1, simd.get(lhs, li + 2 * lstr), v0, v1)
@@ -102,7 +102,7 @@ def _store2(out, at, u0, u1):
 
 
 @jit(inline="always")
-def rows8x1(out, ob, ostr, lhs, lb, lstr, rhs, r0, rstr, klo, khi, add):
+def rows8x1(out, ob, ostr, lhs, lb, lstr, rhs, r0, rstr, klo, khi, add, lk=1):
     """`rows8x2` for one vector of columns (LANES): the last columns of a product whose width is a
     multiple of LANES but not of CV."""
     a = _start1(out, ob, add)
@@ -115,7 +115,7 @@ def rows8x1(out, ob, ostr, lhs, lb, lstr, rhs, r0, rstr, klo, khi, add):
     h = _start1(out, ob + 7 * ostr, add)
     for k in range(klo, khi):
         v = simd.load(rhs, r0 + k * rstr)
-        li = lb + k
+        li = lb + k * lk
         a = simd.fma(a, simd.get(lhs, li), v)
         b = simd.fma(b, simd.get(lhs, li + lstr), v)
         c = simd.fma(c, simd.get(lhs, li + 2 * lstr), v)

@@ -22,7 +22,6 @@ import numpy as np
 
 from .. import blas
 from ..kernels import activations as act
-from ..kernels import im2col as ic
 from ..memory import param_zeros
 from .base import Layer, Param, State, register
 from .convolutional import (BatchNormParams, allocate_bias_bn_act_training, backward_bias_bn_act,
@@ -110,9 +109,13 @@ class ConnectedLayer(Layer):
 
     def forward(self, s: State) -> None:
         x = s.input.reshape(self.batch, self.inputs)
-        blas.product(self.output.reshape(self.batch, self.n), x, self.weights.value.T)
-        y = self.output.reshape(self.batch, self.n, 1)
-        forward_bias_bn_act(self, y, s.train)
+        out = self.output.reshape(self.batch, self.n)
+        if self.bn is None and self.act == act.LINEAR:      # the bias is where the sums start
+            blas.product(out, x, self.weights.value.T, bias=self.biases.value)
+            self._trained = s.train
+            return
+        blas.product(out, x, self.weights.value.T)
+        forward_bias_bn_act(self, out.reshape(self.batch, self.n, 1), s.train)
 
     def backward(self, s: State) -> None:
         self.require_training_buffers()
@@ -120,8 +123,7 @@ class ConnectedLayer(Layer):
         backward_bias_bn_act(self, d, self.output.reshape(d.shape))
         d2 = self.delta.reshape(self.batch, self.n)
         x = s.input.reshape(self.batch, self.inputs)
-        blas.matmul(d2.T, x, out=self.wgrad_tmp)
-        ic.add_into(self.weights.grad.reshape(-1), self.wgrad_tmp.reshape(-1))
+        blas.product(self.weights.grad, d2.T, x, add=True, scratch=self.wgrad_tmp)
         if s.delta is not None:
             blas.product(s.delta.reshape(self.batch, self.inputs), d2, self.weights.value,
                          add=not s.delta_fresh, scratch=self.dx_tmp)

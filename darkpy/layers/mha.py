@@ -27,7 +27,9 @@ from numba import prange
 from .. import blas
 from ..errors import StateError
 from ..kernels import PARALLEL_MIN, pjit
+from ..kernels import activations as act
 from ..kernels import attention as attn
+from ..kernels import bn as bnk
 from ..kernels.attention import softmax_grad_row, softmax_row
 from .base import Layer, Param, State, numel, register
 
@@ -173,8 +175,7 @@ class AttentionLayer(Layer):
         D, dh = self.dim, self.dim // self.heads
         x = s.input.reshape(self.batch, D)                                         # time-major rows
         qkv, a = self.qkv, self.scores
-        blas.product(qkv, x, self.weights.value.T)                                 # (T·S, 3D)
-        qkv += self.biases.value
+        blas.product(qkv, x, self.weights.value.T, bias=self.biases.value)         # (T·S, 3D)
         self.drop = None
         if s.train and self.dropout > 0:
             rng = s.rng if s.rng is not None else np.random.default_rng()
@@ -186,8 +187,8 @@ class AttentionLayer(Layer):
             blas.matmul(q, k.transpose(0, 1, 3, 2), out=a)                         # (S, H, T, T)
             softmax_masked(a, 1.0 / math.sqrt(dh), self.causal, self.key_mask(s))
             blas.matmul(self._dropped(), v, out=self._heads(self.context))
-        blas.product(self.output.reshape(self.batch, D), self.context, self.out_weights.value.T)
-        self.output.reshape(self.batch, D)[...] += self.out_biases.value
+        blas.product(self.output.reshape(self.batch, D), self.context, self.out_weights.value.T,
+                     bias=self.out_biases.value)
         self._x = x if s.train else None
 
     @property
@@ -214,8 +215,8 @@ class AttentionLayer(Layer):
         D, dh = self.dim, self.dim // self.heads
         a, da, dqkv = self.scores, self.dscores, self.dqkv
         dy = self.delta.reshape(self.batch, D)
-        self.out_biases.grad += dy.sum(axis=0)
-        self.out_weights.grad += blas.matmul(dy.T, self.context, out=self.wgrad_tmp[:D])
+        bnk.bias_act_backward_rows(dy, dy, dy, self.out_biases.grad, act.LINEAR)    # Σ rows, in parallel
+        blas.product(self.out_weights.grad, dy.T, self.context, add=True, scratch=self.wgrad_tmp[:D])
         do = self._heads(blas.product(self.dcontext, dy, self.out_weights.value))   # (S, H, T, dh)
         if self.fused:
             attn.attention_backward(dqkv, da, a, self.dcontext, self.qkv, 1.0 / math.sqrt(dh), self.causal)
@@ -228,8 +229,8 @@ class AttentionLayer(Layer):
             softmax_backward(da, a, 1.0 / math.sqrt(dh))                           # -> d scores·scale
             blas.matmul(da, k, out=self._heads(dqkv, 0, 3))                        # dq
             blas.matmul(da.transpose(0, 1, 3, 2), q, out=self._heads(dqkv, 1, 3))  # dk
-        self.biases.grad += dqkv.sum(axis=0)
-        self.weights.grad += blas.matmul(dqkv.T, self._x, out=self.wgrad_tmp)
+        bnk.bias_act_backward_rows(dqkv, dqkv, dqkv, self.biases.grad, act.LINEAR)
+        blas.product(self.weights.grad, dqkv.T, self._x, add=True, scratch=self.wgrad_tmp)
         if s.delta is not None:
             blas.product(s.delta.reshape(self.batch, D), dqkv, self.weights.value, add=not s.delta_fresh,
                          scratch=self.dx_tmp)
