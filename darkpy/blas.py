@@ -10,10 +10,12 @@ thread sleeps, so the worker can run on its core). Small GEMMs are cheap to keep
 OpenBLAS itself already runs those below 262,144 multiply-adds single-threaded.
 
 `matmul(a, b, out)` runs one (stacked) GEMM on one OpenBLAS thread below BLAS_PARALLEL_MIN_MACS
-multiply-adds per matrix, else on the count `configure` was given (darkpy.runtime.configure_threads
-calls it), and puts that count back after. A stack of medium GEMMs (Winograd's 16 per layer, the
-per-item GEMMs of small layers) instead runs as concurrent streams, one BLAS thread each: see
-`STREAM_MIN_MACS`. A switch is one C call (a set-1/set-2 pair took 0.33 µs
+multiply-adds per matrix, else split between numba's threads, one single-threaded OpenBLAS call per
+part (`SPLIT`, kernels/cblas.py), or, where that cannot read the operands in place, on the count
+`configure` was given (darkpy.runtime.configure_threads calls it), and puts that count back after.
+A stack of medium GEMMs (Winograd's 16 per layer, the per-item GEMMs of small layers) instead runs
+as runs of matrices on numba's threads, or as concurrent streams on helper threads, one BLAS thread
+each: see `STREAM_MIN_MACS`. A switch is one C call (a set-1/set-2 pair took 0.33 µs
 through ctypes; threadpoolctl's context manager looks the libraries up each time, far slower).
 Without threadpoolctl, or with a BLAS that is not OpenBLAS, it is plain np.matmul.
 """

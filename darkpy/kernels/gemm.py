@@ -10,7 +10,9 @@ order (KB at a time): the same bits at any thread count. Measured on the 2-core 
 (2 threads, same process, alternating): 1024x128 @ 128x384 0.35 against 0.42 ms, 1024x128 @ 128x512
 0.47 against 0.55, 1024x512 @ 512x128 0.47 against 0.57.
 
-`add`: C += A·B, read and written once (no scratch product and no second pass to add it).
+`add`: C += A·B, read and written once (no scratch product and no second pass to add it). A may
+be the transpose of an array, read in place (a weight gradient's dᵀ: dW += dᵀ·x, straight into the
+gradient), and a bias is where the sums start (C = bias + A·B, no pass of its own).
 Only where the shapes fit (`fits`): rows a multiple of 8, columns of whole vectors, and AVX-512
 (LANES = 16; the 8 x 2 block's sixteen accumulators are all of AVX2's registers, where OpenBLAS's
 own kernels are the better choice).
