@@ -11,7 +11,7 @@ second part goes to the very worker that is spinning.
 The function is numpy's own OpenBLAS (found through threadpoolctl, as darkpy/blas.py finds it), the
 ILP64 build numpy's wheels ship (`scipy_cblas_sgemm64_`, 64-bit integers). The compiled kernels
 call it through a fixed name that `load` binds to the address found in this process, so kernels
-cached on disk stay valid whatever the library's path. Without that library (`AVAILABLE` False)
+cached on disk stay valid whatever the library's path. Without that library (`load()` False)
 nothing here is called and darkpy/blas.py keeps OpenBLAS's threads.
 """
 from __future__ import annotations
