@@ -176,18 +176,13 @@ def _split_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, count: int, part
     """out := a @ b, a stack of `count` float32 GEMMs, by `cblas.stacked_sgemm` in `parts` runs of
     matrices on numba's threads (what `_streams` does on helper threads, without handing work to
     another pool), when SPLIT, the sgemm is there and every operand reads in place; whether it ran."""
-    if not (SPLIT and out.flags.c_contiguous and cblas.load()
-            and a.dtype == b.dtype == out.dtype == np.float32):
+    if not _splittable(a, b, out):
         return False
     ma, mb = _matrices(a, count), _matrices(b, count)
     if ma is None or mb is None:
         return False
     m, n, k = out.shape[-2], out.shape[-1], a.shape[-1]
-    _set(1)
-    try:
-        cblas.stacked_sgemm(out.ctypes.data, *ma, *mb, m, n, k, count, parts)
-    finally:
-        _set(_state["max"])
+    _one_blas_thread(cblas.stacked_sgemm, out.ctypes.data, *ma, *mb, m, n, k, count, parts)
     return True
 
 
@@ -195,8 +190,7 @@ def _split(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> bool:
     """out := a @ b by `cblas.split_sgemm` on numba's current thread count, when SPLIT, the sgemm
     is there and the operands allow (2-D float32, or stacks of one matrix; out C-contiguous, a and b
     C-contiguous or the transpose of such); whether it ran."""
-    if not (SPLIT and out is not None and out.flags.c_contiguous and cblas.load()
-            and a.dtype == b.dtype == out.dtype == np.float32):
+    if not _splittable(a, b, out):
         return False
     a, b, out = (x.reshape(x.shape[-2:]) if x.ndim > 2 and x.size == math.prod(x.shape[-2:]) else x
                  for x in (a, b, out))          # a stack of one matrix (a single item's GEMM)
@@ -206,13 +200,25 @@ def _split(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> bool:
     if opa is None or opb is None:
         return False
     (m, k), n = a.shape, b.shape[1]
+    parts = max(1, min(numba.get_num_threads(), m * n * k // SPLIT_MIN_PART_MACS))
+    _one_blas_thread(cblas.split_sgemm, out, *opa, *opb, m, n, k, parts, m >= n)
+    return True
+
+
+def _splittable(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> bool:
+    """What both splits need: SPLIT, float32 operands, a C-contiguous out, and the sgemm."""
+    return (SPLIT and out is not None and out.flags.c_contiguous
+            and a.dtype == b.dtype == out.dtype == np.float32 and cblas.load())
+
+
+def _one_blas_thread(kernel, *args) -> None:
+    """kernel(*args) with OpenBLAS on one thread (each of its calls is single-threaded), then the
+    run's count back, so GEMMs elsewhere are unaffected."""
     _set(1)
     try:
-        parts = max(1, min(numba.get_num_threads(), m * n * k // SPLIT_MIN_PART_MACS))
-        cblas.split_sgemm(out, *opa, *opb, m, n, k, parts, m >= n)
+        kernel(*args)
     finally:
         _set(_state["max"])
-    return True
 
 
 #: `product` takes darkpy's own GEMM where it fits (False: BLAS for every product, to compare).
