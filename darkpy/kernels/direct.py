@@ -183,13 +183,6 @@ def _quarters(acc, M):
     return acc[:M], acc[M:2 * M], acc[2 * M:3 * M], acc[3 * M:4 * M]
 
 
-@_jit
-def _next_three(f0, N):
-    """The other three filters of the pass starting at f0; past the last filter, the last one again
-    (computed twice in the forward, written with the same values; never added in the gradient)."""
-    return min(f0 + 1, N - 1), min(f0 + 2, N - 1), min(f0 + 3, N - 1)
-
-
 #: Output positions per microkernel step of `_forward_block3`: three vectors. Against two (8
 #: accumulators, the FMAs' latency barely covered), each layer's forward alone, alternating in one
 #: process (2 threads, 2-core Zen 3; same bits): 0.80-0.88x the time on shapes-tiny's three 3x3
@@ -218,25 +211,75 @@ def _store3(a, j, s0, s1, s2):
     simd.store(a, j + 2 * simd.LANES, s2)
 
 
+#: Filters per pass of `_forward_block3` over more than 4 channels: with AVX-512's 32 vector
+#: registers eight (24 accumulators: each tap's three position vectors are loaded once for eight
+#: filters instead of four); AVX2's 16 registers hold only four. Each layer's forward alone, 2-core
+#: Xeon VM (AVX-512), 2 threads, min of 7-15 calls alternating in one process: tiny.cfg's 16 -> 128
+#: on 56x56 and 16 -> 32 on 112x112 at b64 0.89-0.90x the time, yolov4-tiny's 32 -> 32 on 104x104
+#: at b8 0.90x, shapes-tiny's 16 -> 32 on 64x64 at b64 0.93x, at b1 (with its maxpool) 0.87x. First
+#: layers (1-3 channels) keep four: eight measured level to 1.09x there.
+FILTERS_3X3 = 8 if simd.LANES == 16 else 4
+
+
+@_jit
+def _four(f, N):
+    """Filters f..f+3; past the last filter, the last one again (computed twice in the forward,
+    written with the same values; never added in the gradient)."""
+    return f if f < N else N - 1, min(f + 1, N - 1), min(f + 2, N - 1), min(f + 3, N - 1)
+
+
+@_jit
+def _taps4(s, w, f, c, ky, kx, v0, v1, v2):
+    """The 12 sums s (three vectors of positions for each of the four filters f) plus tap
+    (c, ky, kx)'s four weights times (v0, v1, v2)."""
+    return (_fma3(s[0], s[1], s[2], w[f[0], c, ky, kx], v0, v1, v2)
+            + _fma3(s[3], s[4], s[5], w[f[1], c, ky, kx], v0, v1, v2)
+            + _fma3(s[6], s[7], s[8], w[f[2], c, ky, kx], v0, v1, v2)
+            + _fma3(s[9], s[10], s[11], w[f[3], c, ky, kx], v0, v1, v2))
+
+
+@_jit
+def _store12(acc, q, M, j, s):
+    """The 12 sums s of four filters at positions j.. of their runs of M values in acc, the
+    first run the q-th."""
+    for i in range(4):
+        _store3(acc, (q + i) * M + j, s[3 * i], s[3 * i + 1], s[3 * i + 2])
+
+
 @_serial
 def _forward_block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw):
-    """`_forward_block` for 3x3 kernels, register-blocked (kernels/simd.py): for four filters and
-    STEP positions the twelve accumulators stay in vector registers over all C·9 taps, each tap one
-    load per vector and one broadcast per filter (the pass-per-kernel-row loop it replaced loaded
-    and stored every accumulator once per three taps: single core, Zen 3, 1.2-1.4x slower). Whole
-    steps only: up to STEP − 1 positions past the block, read from the planes' slack
+    """`_block3` with the strides of most layers, and its filters per pass, as constants: the
+    taps' offsets fold at compile time (computed in the loop, they took registers the eight
+    filters' accumulators need, which then spilled: tiny.cfg's 16 -> 128 at b64 1.7x the time)."""
+    if sy == 1 and sx == 1:
+        if w.shape[1] > 4:
+            _block3(y, pf, acc, w, b, oy0, rows, 1, 1, lw, FILTERS_3X3)
+        else:
+            _block3(y, pf, acc, w, b, oy0, rows, 1, 1, lw, 4)
+    elif sy == 2 and sx == 2:
+        _block3(y, pf, acc, w, b, oy0, rows, 2, 2, lw, 4)
+    else:
+        _block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw, 4)
+
+
+@_jit
+def _block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw, width):
+    """`_forward_block` for 3x3 kernels, register-blocked (kernels/simd.py): for `width` (4 or 8)
+    filters and STEP positions the accumulators stay in vector registers over all C·9 taps, each
+    tap one load per vector and one broadcast per filter (the pass-per-kernel-row loop it replaced
+    loaded and stored every accumulator once per three taps: single core, Zen 3, 1.2-1.4x slower).
+    Whole steps only: up to STEP − 1 positions past the block, read from the planes' slack
     (`_forward_plan`) and dropped."""
     N, C = w.shape[0], w.shape[1]
     R = rows + 2 // sy + 1
     plane = R * lw
     M = _steps(rows * lw)
-    a0, a1, a2, a3 = _quarters(acc, M)
-    for f0 in range(0, N, FILTERS_PER_PASS):
-        f1, f2, f3 = _next_three(f0, N)
+    for f0 in range(0, N, width):
+        fa, fb = _four(f0, N), _four(f0 + 4, N)
         for j in range(0, M, STEP):
             z = simd.zero(acc)
-            s00, s01, s02, s10, s11, s12 = z, z, z, z, z, z
-            s20, s21, s22, s30, s31, s32 = z, z, z, z, z, z
+            sa = (z, z, z, z, z, z, z, z, z, z, z, z)
+            sb = sa
             for c in range(C):
                 for ky in range(3):
                     row = (c * sy + ky % sy) * sx * plane + (ky // sy) * lw + j
@@ -245,15 +288,15 @@ def _forward_block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw):
                         v0 = simd.load(pf, a)
                         v1 = simd.load(pf, a + simd.LANES)
                         v2 = simd.load(pf, a + 2 * simd.LANES)
-                        s00, s01, s02 = _fma3(s00, s01, s02, w[f0, c, ky, kx], v0, v1, v2)
-                        s10, s11, s12 = _fma3(s10, s11, s12, w[f1, c, ky, kx], v0, v1, v2)
-                        s20, s21, s22 = _fma3(s20, s21, s22, w[f2, c, ky, kx], v0, v1, v2)
-                        s30, s31, s32 = _fma3(s30, s31, s32, w[f3, c, ky, kx], v0, v1, v2)
-            _store3(a0, j, s00, s01, s02)
-            _store3(a1, j, s10, s11, s12)
-            _store3(a2, j, s20, s21, s22)
-            _store3(a3, j, s30, s31, s32)
-        _copy_out(y, a0, a1, a2, a3, b, f0, f1, f2, f3, oy0, rows, lw)
+                        sa = _taps4(sa, w, fa, c, ky, kx, v0, v1, v2)
+                        if width == 8:
+                            sb = _taps4(sb, w, fb, c, ky, kx, v0, v1, v2)
+            _store12(acc, 0, M, j, sa)
+            if width == 8:
+                _store12(acc, 4, M, j, sb)
+        _copy_out(y, acc, M, 0, fa, b, oy0, rows, lw)
+        if width == 8:
+            _copy_out(y, acc, M, 4, fb, b, oy0, rows, lw)
 
 
 @_jit
@@ -261,39 +304,40 @@ def _forward_block(y, pf, acc, w, b, oy0, rows, sy, sx, lw):
     """y[b, :, oy0:oy0+rows, :] from the block's planes pf, any kernel size; acc: scratch of
     FILTERS_PER_PASS·rows·lw values. Four filters per pass, one tap per pass, the first pass
     assigning and the others adding."""
-    N, C, k = w.shape[0], w.shape[1], w.shape[2]
-    R = rows + (k - 1) // sy + 1
+    N, C, ks = w.shape[0], w.shape[1], w.shape[2]
+    R = rows + (ks - 1) // sy + 1
     M = rows * lw
     a0, a1, a2, a3 = _quarters(acc, M)
     for f0 in range(0, N, FILTERS_PER_PASS):
-        f1, f2, f3 = _next_three(f0, N)
+        f = _four(f0, N)
         a0[:] = 0
         a1[:] = 0
         a2[:] = 0
         a3[:] = 0
         for c in range(C):
-            for ky in range(k):
-                for kx in range(k):
+            for ky in range(ks):
+                for kx in range(ks):
                     s0 = _run(pf, c, ky, kx, sy, sx, R, lw, M)
-                    u0, v0, p0, q0 = w[f0, c, ky, kx], w[f1, c, ky, kx], w[f2, c, ky, kx], w[f3, c, ky, kx]
+                    u0, v0, p0, q0 = w[f[0], c, ky, kx], w[f[1], c, ky, kx], w[f[2], c, ky, kx], w[f[3], c, ky, kx]
                     for j in range(M):
                         a0[j] += u0 * s0[j]
                         a1[j] += v0 * s0[j]
                         a2[j] += p0 * s0[j]
                         a3[j] += q0 * s0[j]
-        _copy_out(y, a0, a1, a2, a3, b, f0, f1, f2, f3, oy0, rows, lw)
+        _copy_out(y, acc, M, 0, f, b, oy0, rows, lw)
 
 
 @_jit
-def _copy_out(y, a0, a1, a2, a3, b, f0, f1, f2, f3, oy0, rows, lw):
-    """Output rows oy0.. of filters f0..f3 of item b from their accumulators (rows of lw values,
-    the first OW used)."""
+def _copy_out(y, acc, M, q, f, b, oy0, rows, lw):
+    """Output rows oy0.. of item b of the four filters f from their accumulators: the runs of M
+    values of acc from the q-th on, rows of lw values of which the first OW are used."""
     OW = y.shape[3]
+    a0, a1, a2, a3 = acc[q * M:], acc[(q + 1) * M:], acc[(q + 2) * M:], acc[(q + 3) * M:]
     for r in range(rows):
-        o0 = y[b, f0, oy0 + r]
-        o1 = y[b, f1, oy0 + r]
-        o2 = y[b, f2, oy0 + r]
-        o3 = y[b, f3, oy0 + r]
+        o0 = y[b, f[0], oy0 + r]
+        o1 = y[b, f[1], oy0 + r]
+        o2 = y[b, f[2], oy0 + r]
+        o3 = y[b, f[3], oy0 + r]
         r0 = a0[r * lw:r * lw + OW]
         r1 = a1[r * lw:r * lw + OW]
         r2 = a2[r * lw:r * lw + OW]
@@ -318,7 +362,7 @@ def _forward_plan(y, w, sy, sx, rows):
     lw = OW + (k - 1) // sx
     R = rows + (k - 1) // sy + 1
     planes = C * sy * sx * R * lw + STEP
-    return lw, (OH + rows - 1) // rows, planes, FILTERS_PER_PASS * _steps(rows * lw)
+    return lw, (OH + rows - 1) // rows, planes, FILTERS_3X3 * _steps(rows * lw)
 
 
 @_jit
@@ -431,7 +475,7 @@ def _wgrad_filters3(pw, pf, dd, f0, C, R, sy, sx, lw, M):
     """`_wgrad_block`'s dot products of 3x3 filters f0..f0+3 (those below N): per channel and
     kernel row, the three taps' runs are read once for the four filters' deltas (1.5x faster
     than filter by filter)."""
-    f1, f2, f3 = _next_three(f0, pw.shape[0])     # past the last: computed, never added (_add_row)
+    _, f1, f2, f3 = _four(f0, pw.shape[0])     # past the last: computed, never added (_add_row)
     d0 = dd[f0 * M:(f0 + 1) * M]
     d1 = dd[f1 * M:(f1 + 1) * M]
     d2 = dd[f2 * M:(f2 + 1) * M]
