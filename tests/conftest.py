@@ -38,3 +38,15 @@ def shared_path(*parts: str) -> Path:
 @pytest.fixture
 def shared():
     return shared_path()
+
+
+@pytest.fixture
+def blas_state():
+    """darkpy.blas as it was before the test (which may `configure` it): its state, and
+    OpenBLAS's thread count."""
+    from darkpy import blas
+    saved = dict(blas._state)
+    yield
+    blas._state.update(saved)
+    if saved["set"] and saved["current"] is not None:
+        saved["set"](saved["current"])

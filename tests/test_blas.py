@@ -10,14 +10,7 @@ from darkpy import blas
 from helpers import assert_close
 
 threadpoolctl = pytest.importorskip("threadpoolctl")
-
-
-@pytest.fixture(autouse=True)
-def _keep_blas_state():
-    """The tests configure darkpy.blas; later tests in this process get its state back."""
-    saved = dict(blas._state)
-    yield
-    blas._state.update(saved)
+pytestmark = pytest.mark.usefixtures("blas_state")     # the tests configure darkpy.blas
 
 
 def _openblas_threads():
@@ -56,8 +49,9 @@ def test_unconfigured_is_plain_matmul(monkeypatch):
 @pytest.fixture
 def _streams_only(monkeypatch):
     """The stacks below go to `_streams` (helper threads), not to numba's threads (SPLIT,
-    tests/test_cblas.py)."""
+    tests/test_cblas.py) nor to darkpy's own GEMM (OWN_STACK_MAX_ROWS, tests/test_gemm.py)."""
     monkeypatch.setattr(blas, "SPLIT", False)
+    monkeypatch.setattr(blas, "OWN_STACK_MAX_ROWS", 0)
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """kernels/gemm.py and blas.product: darkpy's own GEMM (A in place, as it is or transposed; B
 packed from a transposed weight matrix or read in place) against float64 products, written and added, with a last partial
 block of rows, a last single vector of columns and more than one pass over k; the same bits on one
-thread as on two; and blas.product's BLAS fallback for shapes the kernel does not take."""
+thread as on two; blas.product's BLAS fallback for shapes the kernel does not take; and the stacked
+GEMM of a convolution's few filters (`gemm.stacked`, blas.matmul's stacks)."""
 from __future__ import annotations
 
 import numba
@@ -79,3 +80,62 @@ def test_bias_is_added_to_every_row(m, k, n):
     assert np.abs(c - want).max() <= 1e-5 * np.abs(want).max()
     with pytest.raises(AssertionError, match="bias"):
         blas.product(c, a, w.T, add=True, bias=bias)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("count, m, k, n", [(3, 8, 3, LANES), (2, 32, 300, 3 * LANES), (1, 16, 40, 5 * LANES)])
+@pytest.mark.parametrize("kb", [blas.OWN_STACK_KB, 7])
+def test_stacked_against_float64_and_the_same_bits_in_any_units(count, m, k, n, kb, dtype):
+    """c[i] = a @ b[i] for every matrix of the stack, with more than one pass over k and a last
+    single vector of columns; runs of one panel of columns or of all of them, on one thread or two,
+    give the same bits (each value is one unit's, summed over k in order)."""
+    rng = np.random.default_rng(count + m + k)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((count, k, n)).astype(dtype)
+    want = np.einsum("mk,ikn->imn", a.astype(np.float64), b.astype(np.float64))
+    outs = []
+    for cols, threads in [(gemm.CV, 1), (gemm.CV, 2), (-(-n // gemm.CV) * gemm.CV, 2)]:
+        c = np.full((count, m, n), np.nan, dtype)
+        saved = numba.get_num_threads()
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        try:
+            gemm.stacked(c, a, b, cols, kb)
+        finally:
+            numba.set_num_threads(saved)
+        outs.append(c)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    assert np.abs(outs[0] - want).max() <= tol * np.abs(want).max()
+    for c in outs[1:]:
+        assert np.array_equal(c, outs[0])
+
+
+def test_matmul_takes_the_stacked_gemm_for_few_filters(monkeypatch, blas_state):
+    """blas.matmul gives a stack of products of at most OWN_STACK_MAX_ROWS rows (whole vectors of
+    columns, C-contiguous, one dtype, one left matrix) to `gemm.stacked` (AVX-512 only) and every
+    other stack to BLAS, with the same products either way."""
+    blas.configure(2)
+    calls = []
+    real = gemm.stacked
+    monkeypatch.setattr(gemm, "stacked", lambda *args: (calls.append(args[0].shape), real(*args)))
+    rng = np.random.default_rng(5)
+    s = 784
+    cases = [((16, 128), (4, 128, s), True),
+             ((32, 64), (1, 64, s), True),                    # one item: runs of columns
+             ((40, 128), (4, 128, s), False),                 # more rows than OWN_STACK_MAX_ROWS
+             ((12, 128), (4, 128, s), False),                 # rows not a multiple of 8
+             ((16, 128), (4, 128, s - 1), False),             # columns not whole vectors
+             ((2, 16, 128), (2, 128, s), False),              # a stack of left matrices
+             ((16, 8), (2, 8, 64), False)]                    # below STREAM_MIN_MACS
+    for ashape, bshape, own in cases:
+        a = rng.standard_normal(ashape).astype(np.float32)
+        b = rng.standard_normal(bshape).astype(np.float32)
+        out = np.full(bshape[:-2] + (ashape[-2], bshape[-1]), np.nan, np.float32)
+        calls.clear()
+        assert blas.matmul(a, b, out=out) is out
+        assert calls == ([out.shape] if own and LANES == 16 else []), (ashape, bshape)
+        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        assert np.abs(out - want).max() <= 1e-5 * np.abs(want).max()
+    b = rng.standard_normal((4, s, 128)).astype(np.float32).transpose(0, 2, 1)   # not C-contiguous
+    calls.clear()
+    blas.matmul(rng.standard_normal((16, 128)).astype(np.float32), b, out=np.empty((4, 16, s), np.float32))
+    assert calls == []
