@@ -236,13 +236,13 @@ OWN_STACK_KB = 32
 
 def _own_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray | None, macs: int) -> bool:
     """out (…, M, N) := a (M, K) @ b (…, K, N) by `gemm.stacked` where it applies (OWN_GEMM, at
-    least STREAM_MIN_MACS in all, M ≤ OWN_STACK_MAX_ROWS, `gemm.fits_rows`, one dtype, C-contiguous
+    least STREAM_MIN_MACS in all, M ≤ OWN_STACK_MAX_ROWS, `gemm.fits_stacked`, one dtype, C-contiguous
     operands); whether it ran. Parallel over items and, for a small batch, over runs of columns."""
     if not (OWN_GEMM and out is not None and out.ndim >= 3 and a.ndim == 2 and b.ndim == out.ndim
             and macs >= STREAM_MIN_MACS):
         return False
     (m, k), n = a.shape, out.shape[-1]
-    if (m > OWN_STACK_MAX_ROWS or not gemm.fits_rows(m, n) or b.shape[-2:] != (k, n)
+    if (m > OWN_STACK_MAX_ROWS or not gemm.fits_stacked(m, n) or b.shape[-2:] != (k, n)
             or b.shape[:-2] != out.shape[:-2] or not a.dtype == b.dtype == out.dtype
             or not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous)):
         return False

@@ -83,11 +83,13 @@ def test_bias_is_added_to_every_row(m, k, n):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("count, m, k, n", [(3, 8, 3, LANES), (2, 32, 300, 3 * LANES), (1, 16, 40, 5 * LANES)])
+@pytest.mark.parametrize("count, m, k, n", [(3, 8, 3, LANES), (2, 32, 300, 3 * LANES), (1, 16, 40, 5 * LANES),
+                                            (2, 27, 70, 3 * LANES)])     # a last partial block of rows
 @pytest.mark.parametrize("kb", [blas.OWN_STACK_KB, 7])
 def test_stacked_against_float64_and_the_same_bits_in_any_units(count, m, k, n, kb, dtype):
     """c[i] = a @ b[i] for every matrix of the stack, with more than one pass over k and a last
-    single vector of columns; runs of one panel of columns or of all of them, on one thread or two,
+    single vector of columns, and rows not a multiple of 8; runs of one panel of columns or of all of
+    them, on one thread or two,
     give the same bits (each value is one unit's, summed over k in order)."""
     rng = np.random.default_rng(count + m + k)
     a = rng.standard_normal((m, k)).astype(dtype)
@@ -122,7 +124,8 @@ def test_matmul_takes_the_stacked_gemm_for_few_filters(monkeypatch, blas_state):
     cases = [((16, 128), (4, 128, s), True),
              ((32, 64), (1, 64, s), True),                    # one item: runs of columns
              ((40, 128), (4, 128, s), False),                 # more rows than OWN_STACK_MAX_ROWS
-             ((12, 128), (4, 128, s), False),                 # rows not a multiple of 8
+             ((27, 128), (4, 128, s), True),                  # rows not a multiple of 8
+             ((4, 128), (4, 128, s), False),                  # fewer than 8 rows
              ((16, 128), (4, 128, s - 1), False),             # columns not whole vectors
              ((2, 16, 128), (2, 128, s), False),              # a stack of left matrices
              ((16, 8), (2, 8, 64), False)]                    # below STREAM_MIN_MACS

@@ -132,6 +132,19 @@ def forward_rows(batch: int, oh: int, ow: int, k: int, sx: int) -> int:
 
 @_jit
 def _fill(pf, x, b, oy0, rows, sy, sx, pad, k, lw):
+    """`_fill_strided` with column strides 1 and 2 as constants, so that the compiler vectorises
+    the gathering of a row's every other value (yolov4-tiny's and shapes-tiny's stride-2 first
+    layers: 0.92x the time of their forward, alternating in one process, 2 threads)."""
+    if sx == 1:
+        _fill_strided(pf, x, b, oy0, rows, sy, 1, pad, k, lw)
+    elif sx == 2:
+        _fill_strided(pf, x, b, oy0, rows, sy, 2, pad, k, lw)
+    else:
+        _fill_strided(pf, x, b, oy0, rows, sy, sx, pad, k, lw)
+
+
+@_jit
+def _fill_strided(pf, x, b, oy0, rows, sy, sx, pad, k, lw):
     """pf (C·sy·sx planes of R·lw values, R = rows + (k−1)//sy + 1): the phase planes of the
     input rows that output rows oy0..oy0+rows−1 of item b read (0 outside the image)."""
     C, H, W = x.shape[1], x.shape[2], x.shape[3]

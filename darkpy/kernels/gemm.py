@@ -40,12 +40,12 @@ MIN_MACS = 1 << 22
 
 def fits(m: int, k: int, n: int) -> bool:
     """This GEMM takes an (m, k) @ (k, n) product."""
-    return fits_rows(m, n) and m * k * n >= MIN_MACS
+    return LANES == 16 and m % 8 == 0 and n % LANES == 0 and m * k * n >= MIN_MACS
 
 
-def fits_rows(m: int, n: int) -> bool:
-    """The microkernels take products of m rows of n columns (whatever their size)."""
-    return LANES == 16 and m % 8 == 0 and n % LANES == 0
+def fits_stacked(m: int, n: int) -> bool:
+    """`stacked` takes products of m rows of n columns (whatever the size)."""
+    return LANES == 16 and m >= 8 and n % LANES == 0
 
 
 @pjit
@@ -116,13 +116,15 @@ _NO_BIAS = np.empty(0, np.float32)
 def stacked(c, a, b, cols, kb):
     """c[i] (M, N) = a (M, K) @ b[i] (K, N) for each matrix i of the stacks c and b (C-contiguous,
     3-D): a convolution's weights against each item's columns. Parallel over (matrix, run of
-    `cols` columns, a multiple of CV) units, each summing over k in order, KB at a time: the same
-    bits at any thread count. M % 8 == 0, N % LANES == 0."""
+    `cols` columns, a multiple of CV) units, each summing over k in order, kb at a time: the same
+    bits at any thread count. M ≥ 8, N % LANES == 0; when M is not a multiple of 8, the last
+    block of 8 rows starts at M − 8 (its first rows computed twice, the same values) and k is summed
+    in one pass (a second pass would add those rows twice)."""
     count, m, n = c.shape
     k = a.shape[1]
+    kb = kb if m % 8 == 0 else k
     a1 = a.reshape(-1)
     runs = (n + cols - 1) // cols
-    bias = np.empty(0, c.dtype)
     for u in prange(count * runs):
         i = u // runs
         v0 = (u % runs) * cols
@@ -130,7 +132,12 @@ def stacked(c, a, b, cols, kb):
         for k0 in range(0, k, kb):
             k1 = min(k0 + kb, k)
             for v in range(v0, min(v0 + cols, n), CV):
-                _rows(ci, a1, bi, 0, m, n, v, k, 1, v, n, k0, k1, k0 > 0, False, bias)
+                for r in range(0, m, 8):
+                    r = min(r, m - 8)
+                    if n - v >= CV:
+                        rows8x2(ci, r * n + v, n, a1, r * k, k, bi, v, n, k0, k1, k0 > 0)
+                    else:
+                        rows8x1(ci, r * n + v, n, a1, r * k, k, bi, v, n, k0, k1, k0 > 0)
 
 
 def product(c: np.ndarray, a: np.ndarray, b: np.ndarray, add: bool = False,
