@@ -14,7 +14,8 @@ across filters instead, as ONNX Runtime's NCHWc convolutions do, while the tenso
 - a microkernel (`_tile6`) keeps 6 positions x FV filters in twelve vector accumulators over the
   c·k·k taps (with the two weight vectors and a broadcast, 15 of AVX2's 16 registers); each tap
   costs two vector loads, six scalar loads broadcast to the lanes (`simd.get`: no bounds or sign
-  tests) and twelve FMAs (`_tile4`: 4 positions, for short filters and small maps). The positions
+  tests) and twelve FMAs (`_tile4`: 4 positions, for short filters and small maps; `_tile8`: 8
+  positions in sixteen accumulators, on AVX-512's 32 registers, for every layer). The positions
   are any of the map, found through a table of their offsets, so nothing is computed outside the
   map and any stride works;
 - the input is read in place when the layer has no padding, else from zero-padded copies of the
@@ -52,6 +53,12 @@ UNIT_POSITIONS = 384
 #: 1.02-1.09x at b64 and its 32 -> 64 on 4x4 (18 positions computed for 16) 0.93-1.14x.
 WIDE_MIN_TAPS = 192
 WIDE_MIN_POSITIONS = 64
+#: Positions per microkernel on AVX-512, whatever the layer (`_tile8`: 16 accumulators; 0: by
+#: WIDE_MIN_TAPS, as on AVX2). Each layer's forward alone, alternating in one process (2 threads,
+#: 2-core AVX-512 Xeon; same bits): against 4 and 6 positions 0.83-0.91x the time on digits' layers
+#: at b64 and b1, 0.84-0.92x on shapes-tiny's 8x8 ones at b64, 0.79-0.80x on 512 -> 512 on 7x7 at
+#: b1. Twelve positions (24 accumulators) ran 1.2-1.5x slower than eight.
+TILE = 8 if simd.LANES == 16 else 0
 
 #: Most taps per filter (c·k·k) in a network that only infers: a microkernel's FV filters of
 #: weights, 64 bytes a tap (128 with AVX-512), stay in the L1 cache up to here (18 KB; 36 KB).
@@ -222,6 +229,36 @@ def _tile6(out, src, s0, wt, w0, toff, t0, t1, acc, pos, p0, pf):
 
 
 @_serial
+def _tile8(out, src, s0, wt, w0, toff, t0, t1, acc, pos, p0, pf):
+    """`_tile6` for positions pos[p0:p0+8]: out[:8·FV], in sixteen accumulators (AVX-512's 32
+    registers hold them with the two weight vectors and a broadcast)."""
+    b0, b1, b2, b3 = s0 + pos[p0], s0 + pos[p0 + 1], s0 + pos[p0 + 2], s0 + pos[p0 + 3]
+    b4, b5, b6, b7 = s0 + pos[p0 + 4], s0 + pos[p0 + 5], s0 + pos[p0 + 6], s0 + pos[p0 + 7]
+    z = simd.zero(wt)
+    a00, a01, a10, a11, a20, a21, a30, a31 = _start8(out, acc, z)
+    a40, a41, a50, a51 = _start(out, 8, acc, z), _start(out, 9, acc, z), \
+        _start(out, 10, acc, z), _start(out, 11, acc, z)
+    a60, a61, a70, a71 = _start(out, 12, acc, z), _start(out, 13, acc, z), \
+        _start(out, 14, acc, z), _start(out, 15, acc, z)
+    for t in range(t0, t1):
+        o = toff[t]
+        v0, v1 = _tap_weights(wt, w0, t, pf)
+        a00, a01 = fma2(a00, a01, simd.get(src, b0 + o), v0, v1)
+        a10, a11 = fma2(a10, a11, simd.get(src, b1 + o), v0, v1)
+        a20, a21 = fma2(a20, a21, simd.get(src, b2 + o), v0, v1)
+        a30, a31 = fma2(a30, a31, simd.get(src, b3 + o), v0, v1)
+        a40, a41 = fma2(a40, a41, simd.get(src, b4 + o), v0, v1)
+        a50, a51 = fma2(a50, a51, simd.get(src, b5 + o), v0, v1)
+        a60, a61 = fma2(a60, a61, simd.get(src, b6 + o), v0, v1)
+        a70, a71 = fma2(a70, a71, simd.get(src, b7 + o), v0, v1)
+    _store8(out, a00, a01, a10, a11, a20, a21, a30, a31)
+    _store2(out, 8, a40, a41)
+    _store2(out, 10, a50, a51)
+    _store2(out, 12, a60, a61)
+    _store2(out, 14, a70, a71)
+
+
+@_serial
 def _tile4(out, src, s0, wt, w0, toff, t0, t1, acc, pos, p0, pf):
     """`_tile6` for positions pos[p0:p0+4]: out[:4·FV]."""
     b0, b1, b2, b3 = s0 + pos[p0], s0 + pos[p0 + 1], s0 + pos[p0 + 2], s0 + pos[p0 + 3]
@@ -253,7 +290,7 @@ def _tables(x, k, sy, sx, pad, oh, ow):
             for kx in range(k):
                 toff[(c * k + ky) * k + kx] = c * hp * wp + ky * wp + kx
     S = oh * ow
-    pos = np.empty(-(-S // 12) * 12, np.int64)     # whole microkernels of 4 and of 6 positions
+    pos = np.empty(-(-S // 24) * 24, np.int64)     # whole microkernels of 4, 6 and 8 positions
     for p in range(pos.shape[0]):
         q = min(p, S - 1)
         pos[p] = (q // ow) * sy * wp + (q % ow) * sx
@@ -300,7 +337,7 @@ def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_
     nf = min(FV, N - f0)
     w0 = block_at(f0, taps)
     wide = taps >= WIDE_MIN_TAPS and S >= WIDE_MIN_POSITIONS
-    pv = 6 if wide else 4
+    pv = TILE if TILE else (6 if wide else 4)
     kc = max(1, chunk_bytes // (FV * wt.itemsize))         # taps per chunk
     chunks = -(-taps // kc)
     out = np.empty(((p_hi - p_lo + pv - 1) // pv if chunks > 1 else 1) * pv * FV, y.dtype)
@@ -311,7 +348,9 @@ def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_
             tile = out[(p0 - p_lo) * FV:] if chunks > 1 else out
             # one tile prefetches the next chunk (after the last, the next unit's block)
             pf = min(kc, taps) * FV if prefetch and p0 == pf_at else 0
-            if wide:
+            if pv == 8:
+                _tile8(tile, src, b * item, wt, w0, toff, t0, t1, ch > 0, pos, p0, pf)
+            elif pv == 6:
                 _tile6(tile, src, b * item, wt, w0, toff, t0, t1, ch > 0, pos, p0, pf)
             else:
                 _tile4(tile, src, b * item, wt, w0, toff, t0, t1, ch > 0, pos, p0, pf)
