@@ -238,7 +238,7 @@ FILTERS_3X3 = 8 if simd.LANES == 16 else 4
 def _four(f, N):
     """Filters f..f+3; past the last filter, the last one again (computed twice in the forward,
     written with the same values; never added in the gradient)."""
-    return f if f < N else N - 1, min(f + 1, N - 1), min(f + 2, N - 1), min(f + 3, N - 1)
+    return min(f, N - 1), min(f + 1, N - 1), min(f + 2, N - 1), min(f + 3, N - 1)
 
 
 @_jit
