@@ -15,7 +15,8 @@ part (`SPLIT`, kernels/cblas.py), or, where that cannot read the operands in pla
 `configure` was given (darkpy.runtime.configure_threads calls it), and puts that count back after.
 A stack of medium GEMMs (Winograd's 16 per layer, the per-item GEMMs of small layers) instead runs
 as runs of matrices on numba's threads, or as concurrent streams on helper threads, one BLAS thread
-each: see `STREAM_MIN_MACS`. A switch is one C call (a set-1/set-2 pair took 0.33 µs
+each: see `STREAM_MIN_MACS`; one of a convolution's few filters (at most OWN_STACK_MAX_ROWS) against
+each item's columns runs on darkpy's own GEMM (`gemm.stacked`). A switch is one C call (a set-1/set-2 pair took 0.33 µs
 through ctypes; threadpoolctl's context manager looks the libraries up each time, far slower).
 Without threadpoolctl, or with a BLAS that is not OpenBLAS, it is plain np.matmul.
 """
@@ -113,8 +114,9 @@ def _set(n: int) -> None:
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """`np.matmul(a, b, out=out)` on `threads_for` BLAS threads (counting one GEMM of a stack: numpy
     calls BLAS per matrix), then back to the run's count, so GEMMs elsewhere are unaffected; or,
-    for a stack, as concurrent streams (`STREAM_MIN_MACS`). Plain np.matmul until `configure` has
-    run (a library user's own settings stay) or without OpenBLAS."""
+    for a stack, on darkpy's own GEMM (`OWN_STACK_MAX_ROWS`) or as concurrent streams
+    (`STREAM_MIN_MACS`). Plain np.matmul until `configure` has run (a library user's own settings
+    stay) or without OpenBLAS."""
     macs = a.shape[-2] * a.shape[-1] * b.shape[-1]
     if not _state["set"]:
         return np.matmul(a, b, out=out)
