@@ -16,8 +16,8 @@ part (`SPLIT`, kernels/cblas.py), or, where that cannot read the operands in pla
 A stack of medium GEMMs (Winograd's 16 per layer, the per-item GEMMs of small layers) instead runs
 as runs of matrices on numba's threads, or as concurrent streams on helper threads, one BLAS thread
 each: see `STREAM_MIN_MACS`; one of a convolution's few filters (at most OWN_STACK_MAX_ROWS) against
-each item's columns runs on darkpy's own GEMM (`gemm.stacked`). A switch is one C call (a set-1/set-2 pair took 0.33 µs
-through ctypes; threadpoolctl's context manager looks the libraries up each time, far slower).
+each item's columns runs on darkpy's own GEMM (`gemm.stacked`). A switch is one C call (a
+set-1/set-2 pair took 0.33 µs through ctypes; threadpoolctl's context manager looks the libraries up each time, far slower).
 Without threadpoolctl, or with a BLAS that is not OpenBLAS, it is plain np.matmul.
 """
 from __future__ import annotations
@@ -238,8 +238,8 @@ OWN_STACK_KB = 32
 
 def _own_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray | None, macs: int) -> bool:
     """out (…, M, N) := a (M, K) @ b (…, K, N) by `gemm.stacked` where it applies (OWN_GEMM, at
-    least STREAM_MIN_MACS in all, M ≤ OWN_STACK_MAX_ROWS, `gemm.fits_stacked`, one dtype, C-contiguous
-    operands); whether it ran. Parallel over items and, for a small batch, over runs of columns."""
+    least STREAM_MIN_MACS in all, M ≤ OWN_STACK_MAX_ROWS, `gemm.fits_stacked`, one dtype,
+    C-contiguous operands); whether it ran. Parallel over items and, for a small batch, over runs of columns."""
     if not (OWN_GEMM and out is not None and out.ndim >= 3 and a.ndim == 2 and b.ndim == out.ndim
             and macs >= STREAM_MIN_MACS):
         return False

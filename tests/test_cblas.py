@@ -11,8 +11,9 @@ import pytest
 from darkpy import blas
 from darkpy.kernels import cblas
 
-pytestmark = [pytest.mark.skipif(not cblas.load(), reason="numpy's OpenBLAS has no ILP64 cblas_sgemm "
-                                 "(a numpy built on another BLAS): the split path is off there"),
+pytestmark = [pytest.mark.skipif(not cblas.load(),
+                                 reason="numpy's OpenBLAS has no ILP64 cblas_sgemm (a numpy built on "
+                                        "another BLAS): the split path is off there"),
               pytest.mark.usefixtures("blas_state")]
 
 
@@ -87,7 +88,7 @@ def test_a_stack_on_numbas_threads_gives_each_matrix_its_own_gemm_bits(shapes, m
     """blas.matmul's stacks run as `cblas.stacked_sgemm` (one single-threaded sgemm per matrix, runs
     of matrices on numba's threads) and give what one product after the other gives."""
     blas.configure(2)
-    monkeypatch.setattr(blas, "OWN_STACK_MAX_ROWS", 0)     # not darkpy's own GEMM (tests/test_gemm.py)
+    monkeypatch.setattr(blas, "OWN_STACK_MAX_ROWS", 0)     # not the own GEMM (tests/test_gemm.py)
     calls = []
     real = cblas.stacked_sgemm
     monkeypatch.setattr(cblas, "stacked_sgemm", lambda *args: (calls.append(args[-1]), real(*args)))

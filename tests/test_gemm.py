@@ -83,13 +83,14 @@ def test_bias_is_added_to_every_row(m, k, n):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("count, m, k, n", [(3, 8, 3, LANES), (2, 32, 300, 3 * LANES), (1, 16, 40, 5 * LANES),
-                                            (2, 27, 70, 3 * LANES)])     # a last partial block of rows
+@pytest.mark.parametrize("count, m, k, n", [(3, 8, 3, LANES), (2, 32, 300, 3 * LANES),
+                                            (1, 16, 40, 5 * LANES),
+                                            (2, 27, 70, 3 * LANES)])      # a partial block of rows
 @pytest.mark.parametrize("kb", [blas.OWN_STACK_KB, 7])
 def test_stacked_against_float64_and_the_same_bits_in_any_units(count, m, k, n, kb, dtype):
     """c[i] = a @ b[i] for every matrix of the stack, with more than one pass over k and a last
-    single vector of columns, and rows not a multiple of 8; runs of one panel of columns or of all of
-    them, on one thread or two,
+    single vector of columns, and rows not a multiple of 8; runs of one panel of columns or of all
+    of them, on one thread or two,
     give the same bits (each value is one unit's, summed over k in order)."""
     rng = np.random.default_rng(count + m + k)
     a = rng.standard_normal((m, k)).astype(dtype)
@@ -140,5 +141,6 @@ def test_matmul_takes_the_stacked_gemm_for_few_filters(monkeypatch, blas_state):
         assert np.abs(out - want).max() <= 1e-5 * np.abs(want).max()
     b = rng.standard_normal((4, s, 128)).astype(np.float32).transpose(0, 2, 1)   # not C-contiguous
     calls.clear()
-    blas.matmul(rng.standard_normal((16, 128)).astype(np.float32), b, out=np.empty((4, 16, s), np.float32))
+    a = rng.standard_normal((16, 128)).astype(np.float32)
+    blas.matmul(a, b, out=np.empty((4, 16, s), np.float32))
     assert calls == []

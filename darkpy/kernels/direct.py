@@ -331,7 +331,8 @@ def _forward_block(y, pf, acc, w, b, oy0, rows, sy, sx, lw):
             for ky in range(ks):
                 for kx in range(ks):
                     s0 = _run(pf, c, ky, kx, sy, sx, R, lw, M)
-                    u0, v0, p0, q0 = w[f[0], c, ky, kx], w[f[1], c, ky, kx], w[f[2], c, ky, kx], w[f[3], c, ky, kx]
+                    u0, v0 = w[f[0], c, ky, kx], w[f[1], c, ky, kx]
+                    p0, q0 = w[f[2], c, ky, kx], w[f[3], c, ky, kx]
                     for j in range(M):
                         a0[j] += u0 * s0[j]
                         a1[j] += v0 * s0[j]

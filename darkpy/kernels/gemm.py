@@ -132,8 +132,8 @@ def stacked(c, a, b, cols, kb):
         for k0 in range(0, k, kb):
             k1 = min(k0 + kb, k)
             for v in range(v0, min(v0 + cols, n), CV):
-                for r in range(0, m, 8):
-                    r = min(r, m - 8)
+                for r8 in range(0, m, 8):
+                    r = min(r8, m - 8)
                     if n - v >= CV:
                         rows8x2(ci, r * n + v, n, a1, r * k, k, bi, v, n, k0, k1, k0 > 0)
                     else:
