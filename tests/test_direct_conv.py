@@ -9,6 +9,7 @@ import pytest
 import darkpy.layers.convolutional as conv
 from darkpy.kernels import PARALLEL_MIN
 from darkpy.kernels import direct as dk
+from darkpy.kernels import direct_wgrad as dwg
 from darkpy.layers.base import State
 from darkpy.network import network_from_text
 from helpers import layer_gradcheck
@@ -74,7 +75,7 @@ def test_kernels_match_float64_correlation(shape, rows):
     np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
     d = rng.standard_normal(ref.shape)
     dw = np.full(w.shape, 0.25)
-    dk.conv_weight_grad(dw, x, d, sy, sx, pad, rows)
+    dwg.conv_weight_grad(dw, x, d, sy, sx, pad, rows)
     np.testing.assert_allclose(dw, 0.25 + weight_grad(x, d, k, sy, sx, pad), rtol=1e-11, atol=1e-11)
 
 
@@ -94,7 +95,7 @@ def test_parallel_branch_equals_reference(stride):
     assert np.abs(y - ref).max() <= 1e-6 * scale
     d = rng.standard_normal(ref.shape).astype(np.float32)
     dw = np.zeros(w.shape, np.float32)
-    dk.conv_weight_grad(dw, x, d, stride, stride, 1, rows)
+    dwg.conv_weight_grad(dw, x, d, stride, stride, 1, rows)
     g = weight_grad(x.astype(np.float64), d.astype(np.float64), 3, stride, stride, 1)
     assert np.abs(dw - g).max() <= 1e-5 * np.abs(g).max()
 

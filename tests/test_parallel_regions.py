@@ -18,6 +18,7 @@ from darkpy.kernels import attention as attk
 from darkpy.kernels import bn as bnk
 from darkpy.kernels import cblas
 from darkpy.kernels import direct as dk
+from darkpy.kernels import direct_wgrad as dwg
 from darkpy.kernels import gemm
 from darkpy.kernels import simd
 from darkpy.kernels import winograd as wg
@@ -130,7 +131,7 @@ CASES = {
     "lstm step": (recurrent.lstm_step, lambda: _rnn_args(15)),
     "lstm backward step": (recurrent.lstm_backward_step, lambda: _rnn_args(12)),
     "direct forward": (dk._conv_forward_parallel, lambda: _direct_args("forward")),
-    "direct weight gradient": (dk._weight_grad_parallel, lambda: _direct_args("wgrad")),
+    "direct weight gradient": (dwg._weight_grad_parallel, lambda: _direct_args("wgrad")),
     "winograd inputs": (wg.inputs, _winograd_inputs_args),
     "winograd outputs": (wg._outputs_parallel, _winograd_outputs_args),
     "winograd fused bands": (wgf.conv3x3, lambda: (np.zeros((2, 8, 6, 6), np.float32), _f32(2, 4, 6, 6),

@@ -13,13 +13,12 @@ K = 16, as far below it. These kernels work on blocks of output rows instead:
   padding, with no bounds tests in the inner loops (positions with ox ≥ OW are computed and
   dropped: a few percent more work);
 - forward: per filter, the block's outputs are the sum over the taps of weight × run; four
-  filters at a time: for 3x3 kernels 16 positions of the four filters at a time in eight SIMD
-  vectors (kernels/simd.py) that stay in registers over all the taps, for other sizes one tap per
-  pass over the whole run, a contiguous loop the compiler vectorises;
-- weight gradient: per filter and tap, the dot product of the block's delta (laid out the same way,
-  zero at ox ≥ OW) with the tap's run. The sum runs over `WGRAD_GROUPS` fixed groups of blocks
-  (independent of the thread count, so any machine and thread count gives the same result),
-  whose partial sums are then added in order.
+  filters at a time (eight for 3x3 kernels over more than 4 channels on AVX-512): for 3x3 kernels
+  STEP positions of the filters at a time in SIMD vectors (kernels/simd.py) that stay in registers
+  over all the taps, for other sizes one tap per pass over the whole run, a contiguous loop the
+  compiler vectorises; the sums are then copied out to the output rows, or, when a 2x2 maxpool is
+  fused, put through the inference epilogue and pooled where they are (`_pool_out`);
+- weight gradient: kernels/direct_wgrad.py, on the same blocks and planes.
 
 Like im2col these compute Darknet's cross-correlation.
 """
@@ -29,26 +28,22 @@ import numba
 import numpy as np
 from numba import prange
 
-from . import PARALLEL_MIN, simd
-from .bn import affine_act_row
-from .pool2x2 import no_pool, pool_rows
+from . import PARALLEL_MIN, simd, vjit
+from .bn import affine_act, affine_act_row
+from .pool2x2 import no_pool, pool_pair, pool_rows
 
 #: A forward with fewer than PARALLEL_MIN outputs still runs in parallel when it does at least
 #: PARALLEL_MIN · PARALLEL_MIN_TAPS multiply-adds (1M, ~15 µs on one core): shapes-tiny's 32 -> 64
 #: on 16x16 at b1 (16384 outputs of 288 taps) took 207 µs on one thread and 144 on two; digits'
 #: 16 -> 32 on 8x8 (0.3M) stays serial.
 PARALLEL_MIN_TAPS = 32
-#: Groups of row blocks whose weight-gradient partial sums are added in order at the end.
-WGRAD_GROUPS = 16
 #: Output positions per row block (rows of Lw values): its planes and sums stay in the L1/L2 caches.
 BLOCK_POSITIONS = 1024
 
 _jit = numba.njit(cache=True, nogil=True, inline="always")
-_pjit = numba.njit(cache=True, nogil=True, parallel=True)
-#: A helper of both twins that a parallel caller must not inline (see `_weight_grad_parts`).
+#: A helper of both twins that a parallel caller must not inline (see
+#: `direct_wgrad._weight_grad_parts`).
 _serial = numba.njit(cache=True, nogil=True)
-#: The weight gradient's dot products may be reassociated: that is what lets them vectorise.
-_fast = {"reassoc", "contract"}
 
 
 #: Most filters for which the direct forward beat im2col + GEMM (single core, float32): 1.1-1.6x
@@ -275,41 +270,66 @@ def _forward_block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw):
         _block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw, 4)
 
 
+@_serial
+def _sums3(acc, pf, w, f0, rows, sy, sx, lw):
+    """One pass of `_block3` (the filters from f0) into acc, not written out: returns its filters.
+    For `_pool_out`, which takes them from there."""
+    if sy == 1 and sx == 1:
+        if w.shape[1] > 4:
+            _pass3(acc, pf, w, f0, rows, 1, 1, lw, FILTERS_3X3)
+            return FILTERS_3X3
+        _pass3(acc, pf, w, f0, rows, 1, 1, lw, 4)
+    elif sy == 2 and sx == 2:
+        _pass3(acc, pf, w, f0, rows, 2, 2, lw, 4)
+    else:
+        _pass3(acc, pf, w, f0, rows, sy, sx, lw, 4)
+    return 4
+
+
 @_jit
 def _block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw, width):
-    """`_forward_block` for 3x3 kernels, register-blocked (kernels/simd.py): for `width` (4 or 8)
-    filters and STEP positions the accumulators stay in vector registers over all C·9 taps, each
-    tap one load per vector and one broadcast per filter (the pass-per-kernel-row loop it replaced
-    loaded and stored every accumulator once per three taps: single core, Zen 3, 1.2-1.4x slower).
-    Whole steps only: up to STEP − 1 positions past the block, read from the planes' slack
-    (`_forward_plan`) and dropped."""
+    """`_forward_block` for 3x3 kernels, register-blocked: `width` (4 or 8) filters per pass
+    (`_pass3`), each pass then written out."""
+    N = w.shape[0]
+    M = _steps(rows * lw)
+    for f0 in range(0, N, width):
+        _pass3(acc, pf, w, f0, rows, sy, sx, lw, width)
+        _copy_out(y, acc, M, 0, _four(f0, N), b, oy0, rows, lw)
+        if width == 8:
+            _copy_out(y, acc, M, 4, _four(f0 + 4, N), b, oy0, rows, lw)
+
+
+@_jit
+def _pass3(acc, pf, w, f0, rows, sy, sx, lw, width):
+    """The sums of `width` (4 or 8) filters from f0 over the block, into `width` runs of
+    `_steps(rows·lw)` values of acc (kernels/simd.py): for STEP positions the accumulators stay in
+    vector registers over all C·9 taps, each tap one load per vector and one broadcast per filter
+    (the pass-per-kernel-row loop it replaced loaded and stored every accumulator once per three
+    taps: single core, Zen 3, 1.2-1.4x slower). Whole steps only: up to STEP − 1 positions past the
+    block, read from the planes' slack (`_forward_plan`) and dropped."""
     N, C = w.shape[0], w.shape[1]
     R = rows + 2 // sy + 1
     plane = R * lw
     M = _steps(rows * lw)
-    for f0 in range(0, N, width):
-        fa, fb = _four(f0, N), _four(f0 + 4, N)
-        for j in range(0, M, STEP):
-            z = simd.zero(acc)
-            sa = (z, z, z, z, z, z, z, z, z, z, z, z)
-            sb = sa
-            for c in range(C):
-                for ky in range(3):
-                    row = (c * sy + ky % sy) * sx * plane + (ky // sy) * lw + j
-                    for kx in range(3):
-                        a = row + (kx % sx) * plane + kx // sx      # tap (c, ky, kx)'s run, at j
-                        v0 = simd.load(pf, a)
-                        v1 = simd.load(pf, a + simd.LANES)
-                        v2 = simd.load(pf, a + 2 * simd.LANES)
-                        sa = _taps4(sa, w, fa, c, ky, kx, v0, v1, v2)
-                        if width == 8:
-                            sb = _taps4(sb, w, fb, c, ky, kx, v0, v1, v2)
-            _store12(acc, 0, M, j, sa)
-            if width == 8:
-                _store12(acc, 4, M, j, sb)
-        _copy_out(y, acc, M, 0, fa, b, oy0, rows, lw)
+    fa, fb = _four(f0, N), _four(f0 + 4, N)
+    for j in range(0, M, STEP):
+        z = simd.zero(acc)
+        sa = (z, z, z, z, z, z, z, z, z, z, z, z)
+        sb = sa
+        for c in range(C):
+            for ky in range(3):
+                row = (c * sy + ky % sy) * sx * plane + (ky // sy) * lw + j
+                for kx in range(3):
+                    a = row + (kx % sx) * plane + kx // sx      # tap (c, ky, kx)'s run, at j
+                    v0 = simd.load(pf, a)
+                    v1 = simd.load(pf, a + simd.LANES)
+                    v2 = simd.load(pf, a + 2 * simd.LANES)
+                    sa = _taps4(sa, w, fa, c, ky, kx, v0, v1, v2)
+                    if width == 8:
+                        sb = _taps4(sb, w, fb, c, ky, kx, v0, v1, v2)
+        _store12(acc, 0, M, j, sa)
         if width == 8:
-            _copy_out(y, acc, M, 4, fb, b, oy0, rows, lw)
+            _store12(acc, 4, M, j, sb)
 
 
 @_jit
@@ -363,6 +383,21 @@ def _copy_out(y, acc, M, q, f, b, oy0, rows, lw):
             o3[ox] = r3[ox]
 
 
+@vjit
+def _pool_out(p, acc, M, q, f, b, oy0, rows, lw, k, off, act):
+    """The 2x2 maxima of rows oy0.. of item b of the four filters f, through the inference
+    epilogue, into p[b]: each of their runs of M values in acc (from the q-th on, rows of lw
+    values) goes through the epilogue in place (a whole run vectorises; a small map's rows are
+    too short), then its pairs of rows are pooled. Compiled on its own without fastmath, so the
+    values are `affine_act_row`'s, bit for bit. (Only here: the unpooled epilogue ran faster on the
+    output planes, and taking the passes' writing out of `_forward_block3` slowed its loop.)"""
+    for i in range(4):
+        a = acc[(q + i) * M:(q + i + 1) * M]
+        affine_act(a, a, k[f[i]], off[f[i]], act)
+        for r in range(0, rows, 2):
+            pool_pair(p[b, f[i], (oy0 + r) // 2], a[r * lw:], a[(r + 1) * lw:])
+
+
 # The serial and parallel versions are separate functions: in a `parallel=True` function every
 # array expression of the inlined helpers (`a0[:] = 0`, ...) outside a prange becomes a parallel
 # region of its own, so a small layer's "serial" branch woke the thread pool hundreds of times per
@@ -392,12 +427,21 @@ def _planes(y, n):
 @_jit
 def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p):
     """Row block t (item t // nblk) of `conv_forward`, then its epilogue when k is not empty; with a
-    pooled output p, the block goes to a scratch block instead and its 2x2 maxima to p."""
+    pooled output p, the block's 2x2 maxima go there instead (a 3x3 kernel's straight from its
+    accumulators, `_pool_out`; the others' from a scratch block)."""
     b = t // nblk
     oy0 = (t % nblk) * rows
     n = min(rows, y.shape[2] - oy0)
     N, OW = y.shape[1], y.shape[3]
     _fill(pf, x, b, oy0, n, sy, sx, pad, w.shape[2], lw)
+    if p.shape[0] and w.shape[2] == 3:
+        f0 = 0
+        while f0 < N:
+            width = _sums3(acc, pf, w, f0, n, sy, sx, lw)
+            for q in range(0, width, 4):
+                _pool_out(p, acc, _steps(n * lw), q, _four(f0 + q, N), b, oy0, n, lw, k, off, act)
+            f0 += width
+        return
     # the rows are written at (b, oy0) of y, or at (0, 0) of the scratch block
     if p.shape[0]:
         out, bo, yo = np.empty((1, N, n, OW), y.dtype), 0, 0
@@ -450,142 +494,3 @@ def conv_forward(y, x, w, sy, sx, pad, rows, k=_NO_AFFINE, off=_NO_AFFINE, act=0
     serial = y.size < PARALLEL_MIN and y.size * w[0].size < PARALLEL_MIN * PARALLEL_MIN_TAPS
     run = _conv_forward_serial if serial else _conv_forward_parallel
     run(y, x, w, sy, sx, pad, rows, k, off, act, no_pool(y.dtype) if pool is None else pool)
-
-
-@numba.njit(cache=True, nogil=True, fastmath=_fast)   # not inlined: it would lose fastmath
-def _wgrad_block(pw, pf, dd, d, b, oy0, rows, sy, sx, lw):
-    """pw (N, C, k, k) += the weight gradient over output rows oy0..oy0+rows−1 of item b, from the
-    block's planes pf and the delta d (B, N, OH, OW); dd: scratch of N·rows·lw values."""
-    N, C, k = pw.shape[0], pw.shape[1], pw.shape[2]
-    OW = d.shape[3]
-    R = rows + (k - 1) // sy + 1
-    M = rows * lw
-    zero = np.zeros(1, pw.dtype)[0]
-    for f in range(N):
-        for r in range(rows):
-            src = d[b, f, oy0 + r]
-            dst = dd[(f * rows + r) * lw:(f * rows + r + 1) * lw]
-            for ox in range(OW):
-                dst[ox] = src[ox]
-            dst[OW:] = 0
-    if k == 3:
-        for f0 in range(0, N, FILTERS_PER_PASS):
-            _wgrad_filters3(pw, pf, dd, f0, C, R, sy, sx, lw, M)
-        return
-    for f in range(N):
-        df = dd[f * M:(f + 1) * M]
-        for c in range(C):
-            for ky in range(k):
-                for kx in range(k):
-                    r0 = _run(pf, c, ky, kx, sy, sx, R, lw, M)
-                    s0 = zero
-                    for j in range(M):
-                        s0 += df[j] * r0[j]
-                    pw[f, c, ky, kx] += s0
-
-
-@numba.njit(cache=True, nogil=True, fastmath=_fast)
-def _wgrad_filters3(pw, pf, dd, f0, C, R, sy, sx, lw, M):
-    """`_wgrad_block`'s dot products of 3x3 filters f0..f0+3 (those below N): per channel and
-    kernel row, the three taps' runs are read once for the four filters' deltas (1.5x faster
-    than filter by filter)."""
-    _, f1, f2, f3 = _four(f0, pw.shape[0])     # past the last: computed, never added (_add_row)
-    d0 = dd[f0 * M:(f0 + 1) * M]
-    d1 = dd[f1 * M:(f1 + 1) * M]
-    d2 = dd[f2 * M:(f2 + 1) * M]
-    d3 = dd[f3 * M:(f3 + 1) * M]
-    zero = np.zeros(1, pw.dtype)[0]
-    for c in range(C):
-        for ky in range(3):
-            r0 = _run(pf, c, ky, 0, sy, sx, R, lw, M)
-            r1 = _run(pf, c, ky, 1, sy, sx, R, lw, M)
-            r2 = _run(pf, c, ky, 2, sy, sx, R, lw, M)
-            s00 = s01 = s02 = s10 = s11 = s12 = zero
-            s20 = s21 = s22 = s30 = s31 = s32 = zero
-            for j in range(M):
-                t0, t1, t2 = r0[j], r1[j], r2[j]
-                e0, e1, e2, e3 = d0[j], d1[j], d2[j], d3[j]
-                s00 += e0 * t0
-                s01 += e0 * t1
-                s02 += e0 * t2
-                s10 += e1 * t0
-                s11 += e1 * t1
-                s12 += e1 * t2
-                s20 += e2 * t0
-                s21 += e2 * t1
-                s22 += e2 * t2
-                s30 += e3 * t0
-                s31 += e3 * t1
-                s32 += e3 * t2
-            _add_row(pw, f0, c, ky, s00, s01, s02)
-            _add_row(pw, f0 + 1, c, ky, s10, s11, s12)
-            _add_row(pw, f0 + 2, c, ky, s20, s21, s22)
-            _add_row(pw, f0 + 3, c, ky, s30, s31, s32)
-
-
-@_jit
-def _add_row(pw, f, c, ky, s0, s1, s2):
-    """pw[f, c, ky, :] += (s0, s1, s2) when filter f exists (f < N)."""
-    if f < pw.shape[0]:
-        pw[f, c, ky, 0] += s0
-        pw[f, c, ky, 1] += s1
-        pw[f, c, ky, 2] += s2
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _wgrad_group(pw, x, d, g, ngroups, sy, sx, pad, rows):
-    """Group g of `conv_weight_grad`: its share of the (item, row block) units, into pw."""
-    B, N, OH, OW = d.shape
-    C, k = pw.shape[1], pw.shape[2]
-    lw = OW + (k - 1) // sx
-    R = rows + (k - 1) // sy + 1
-    nblk = (OH + rows - 1) // rows
-    units = B * nblk
-    pf = np.empty(C * sy * sx * R * lw, pw.dtype)
-    dd = np.empty(N * rows * lw, pw.dtype)
-    for t in range(g * units // ngroups, (g + 1) * units // ngroups):
-        oy0 = (t % nblk) * rows
-        n = min(rows, OH - oy0)
-        _fill(pf, x, t // nblk, oy0, n, sy, sx, pad, k, lw)
-        _wgrad_block(pw, pf, dd, d, t // nblk, oy0, n, sy, sx, lw)
-
-
-# The two below are compiled on their own, not inlined: inlined into `_weight_grad_parallel`, the
-# np.zeros and each `dw += part[g]` became parallel regions of their own (1 + WGRAD_GROUPS pool
-# wake-ups per call besides the prange loop's).
-@_serial
-def _weight_grad_parts(dw, d, rows):
-    """The zeroed partial sums of `conv_weight_grad`: one per group of row blocks."""
-    B, N, OH = d.shape[0], d.shape[1], d.shape[2]
-    ngroups = min(WGRAD_GROUPS, B * ((OH + rows - 1) // rows))
-    return np.zeros((ngroups, N, dw.shape[1], dw.shape[2], dw.shape[3]), dw.dtype)
-
-
-@_serial
-def _add_parts(dw, part):
-    for g in range(part.shape[0]):      # in order, whichever branch computed them
-        dw += part[g]
-
-
-@numba.njit(cache=True, nogil=True)
-def _weight_grad_serial(dw, x, d, sy, sx, pad, rows):
-    part = _weight_grad_parts(dw, d, rows)     # the same partial sums as in parallel
-    for g in range(part.shape[0]):
-        _wgrad_group(part[g], x, d, g, part.shape[0], sy, sx, pad, rows)
-    _add_parts(dw, part)
-
-
-@_pjit
-def _weight_grad_parallel(dw, x, d, sy, sx, pad, rows):
-    part = _weight_grad_parts(dw, d, rows)
-    for g in prange(part.shape[0]):
-        _wgrad_group(part[g], x, d, g, part.shape[0], sy, sx, pad, rows)
-    _add_parts(dw, part)
-
-
-def conv_weight_grad(dw, x, d, sy, sx, pad, rows):
-    """dw (N, C, k, k) += the weight gradient of `conv_forward`: the correlation of the input
-    x (B, C, H, W) with the delta d (B, N, OH, OW) (w.r.t. the raw product), `rows` as there.
-    Serial (one group of row blocks) below PARALLEL_MIN delta values."""
-    run = _weight_grad_serial if d.size < PARALLEL_MIN else _weight_grad_parallel
-    run(dw, x, d, sy, sx, pad, rows)

@@ -28,12 +28,19 @@ def max4(a, b, c, d):
 
 
 @jit(inline="always")
+def pool_pair(p, r0, r1):
+    """p (w,) = the 2x2 stride-2 maxima of the two rows r0, r1 (2w+ values; the extra columns are
+    left out)."""
+    for t in range(p.shape[0]):
+        p[t] = max4(r0[2 * t], r0[2 * t + 1], r1[2 * t], r1[2 * t + 1])
+
+
+@jit(inline="always")
 def pool_rows(p, x):
     """p (h, w) = the 2x2 stride-2 maxima of x (2h, 2w+): x's rows 2r, 2r+1 give p's row r (x may
     be wider than 2w: the extra columns are left out)."""
     for r in range(p.shape[0]):
-        for t in range(p.shape[1]):
-            p[r, t] = max4(x[2 * r, 2 * t], x[2 * r, 2 * t + 1], x[2 * r + 1, 2 * t], x[2 * r + 1, 2 * t + 1])
+        pool_pair(p[r], x[2 * r], x[2 * r + 1])
 
 
 def no_pool(dtype) -> np.ndarray:

@@ -30,6 +30,7 @@ from .. import blas
 from ..kernels import activations as act
 from ..kernels import bn as bnk
 from ..kernels import direct as dk
+from ..kernels import direct_wgrad as dwg
 from ..kernels import direct_fv as fv
 from ..kernels import im2col as ic
 from ..kernels import winograd as wg
@@ -500,7 +501,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
         if self.winograd:
             self._winograd_weight_grad(x, d.reshape(self.batch, self.n, oh, ow))
         elif self.direct:
-            dk.conv_weight_grad(self.weights.grad, x, d.reshape(self.batch, self.n, oh, ow),
+            dwg.conv_weight_grad(self.weights.grad, x, d.reshape(self.batch, self.n, oh, ow),
                                 self.stride_y, self.stride_x, self.padding,
                                 dk.block_rows(oh, ow, self.size, self.stride_x))
             if prev is None:
