@@ -307,19 +307,19 @@ def _source(x, pad, plane):
 
 @_jit
 def _pad_item(xp, x, b, pad, hp, wp):
-    """xp[b] (C·hp·wp values from b·C·hp·wp) := item b's planes, zero-padded by `pad` before."""
+    """xp[b] (C·hp·wp values from b·C·hp·wp) := item b's planes, zero-padded by `pad` before: the
+    item's values zeroed in one pass, then its rows copied in (testing each value for the border,
+    or slicing each short row, took as long as a 4x4 map's microkernels: digits' 32 -> 64 layer
+    at b64, one thread, 77 µs of 453, now 35)."""
     C, H, W = x.shape[1], x.shape[2], x.shape[3]
     base = b * C * hp * wp
+    xp[base:base + C * hp * wp] = 0
+    rows, cols = min(H, hp - pad), min(W, wp - pad)     # the input inside the padded planes
     for c in range(C):
-        for r in range(hp):
-            dst = xp[base + (c * hp + r) * wp:base + (c * hp + r + 1) * wp]
-            iy = r - pad
-            if iy < 0 or iy >= H:
-                dst[:] = 0
-                continue
-            for t in range(wp):
-                ix = t - pad
-                dst[t] = x[b, c, iy, ix] if 0 <= ix < W else 0
+        for iy in range(rows):
+            d = base + (c * hp + iy + pad) * wp + pad
+            for ix in range(cols):
+                xp[d + ix] = x[b, c, iy, ix]
 
 
 @_jit
