@@ -234,14 +234,17 @@ def test_network_on_the_path_gives_the_other_paths_outputs(kw):
         for l in convs]
 
 
-@pytest.mark.parametrize("bn", [0, 1])
-def test_fused_epilogue_same_bits_as_the_separate_pass(monkeypatch, bn):
-    """float32: the kernel's epilogue writes exactly what the separate bias/BN/activation pass
-    does."""
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bn, activation", [(0, "leaky"), (1, "leaky"), (1, "relu"), (0, "linear"),
+                                            (1, "logistic")])
+def test_fused_epilogue_same_bits_as_the_separate_pass(monkeypatch, bn, activation, dtype):
+    """The kernel's epilogue writes exactly what the separate bias/BN/activation pass does: on
+    the tiles in vectors (linear, leaky, relu; 20 filters, part of a block) or on the rows written
+    (the others)."""
     outs = []
     for fused in (True, False):
         monkeypatch.setattr(conv, "FUSED_EPILOGUE", fused)
-        _, shared = _nets(np.float32, bn=bn, batch=64)
+        _, shared = _nets(dtype, bn=bn, batch=64, n=20, activation=activation)
         layer = shared.layers[0]
         x = np.random.default_rng(5).uniform(-1, 1, shared.input.shape).astype(np.float32)
         outs.append(shared.forward(x).copy())

@@ -84,6 +84,31 @@ def test_widen_splat_and_lane(dtype):
 
 
 @numba.njit(cache=False)
+def _cast_and_select(out32, out64, v, u):
+    """out32 := v (float64) cast to float32; out64 := positive_or(v, u) and its cast to float64
+    (v itself)."""
+    a, b = simd.load(v, 0), simd.load(u, 0)
+    simd.store(out32, 0, simd.cast_like(out32, a))
+    simd.store(out64, 0, simd.positive_or(a, b))
+    simd.store(out64, L, simd.cast_like(out64, a))
+
+
+def test_cast_like_and_positive_or_give_the_scalar_values():
+    """The cast rounds as numpy's float64 -> float32 (ties, the largest values, a NaN), the
+    selection is `v if v > 0 else u` (zeros of both signs and NaN take u)."""
+    v = np.random.default_rng(5).standard_normal(L)
+    v[:6] = [1 + 2.0 ** -24, -0.0, np.nan, 3.5e38, 0.0, -1e-46]
+    u = np.arange(L, dtype=np.float64) + 100
+    out32, out64 = np.empty(L, np.float32), np.empty(2 * L)
+    _cast_and_select(out32, out64, v, u)
+    with np.errstate(over="ignore"):            # 3.5e38 rounds to inf
+        want = v.astype(np.float32)
+    np.testing.assert_array_equal(out32.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(out64[:L], np.array([a if a > 0 else b for a, b in zip(v, u)]))
+    np.testing.assert_array_equal(out64[L:], v)
+
+
+@numba.njit(cache=False)
 def _gather(a, idx):
     out = np.empty(idx.shape[0], a.dtype)
     for j in range(idx.shape[0]):

@@ -36,7 +36,8 @@ import numba
 import numpy as np
 from numba import prange
 
-from . import PARALLEL_MIN, simd
+from . import PARALLEL_MIN, simd, vjit
+from .activations import LEAKY, LINEAR, RELU
 from .microgemm import fma2
 from .bn import affine_act_row
 
@@ -322,12 +323,43 @@ def _pad_item(xp, x, b, pad, hp, wp):
                 xp[d + ix] = x[b, c, iy, ix]
 
 
+@vjit
+def _epilogue_tile(tile, npos, kp, op, f0, act):
+    """tile (npos positions x FV filters, filters last) in place := act(value·k + off), with the
+    filters f0..'s k and off from kp and op (float64, zero-padded to whole FV) and act linear,
+    leaky or relu: in vectors across the filters, widened to float64, the values of
+    `affine_act_row`'s scalar loop bit for bit (compiled on its own without fastmath). Row by row
+    over a small map's few positions the scalar pass took longer than the scatter (digits' 32 ->
+    64 on 4x4: 16 values a row)."""
+    for h in range(0, FV, simd.LANES):
+        kv, ov = simd.load(kp, f0 + h), simd.load(op, f0 + h)
+        zero, tenth = simd.splat(kv, 0.0), simd.splat(kv, 0.1)
+        for i in range(npos):
+            j = i * FV + h
+            z = simd.add(simd.mul(simd.widen(simd.load(tile, j)), kv), ov)
+            if act == LEAKY:
+                z = simd.positive_or(z, simd.mul(z, tenth))
+            elif act == RELU:
+                z = simd.positive_or(z, zero)
+            simd.store(tile, j, simd.cast_like(tile, z))
+
+
+@_serial               # on its own: in the parallel twin its array expressions were parallel regions
+def _padded(k, n):
+    """k (N,) float64 zero-padded to n values (empty when k is)."""
+    kp = np.zeros(n if k.shape[0] else 0, np.float64)
+    kp[:k.shape[0]] = k
+    return kp
+
+
 @_jit
 def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_bytes, prefetch):
     """Unit t: item b = t // (groups·runs) (its planes at src[b·item:]), filters FV·(t // runs %
     groups)..., positions of run t % runs; its tiles scattered into y (B, N, S) (added to it with
-    `add`), then the epilogue on what it wrote. Past CHUNK_BYTES of the filters' block the taps
-    go in chunks, each over all of the run's tiles, their sums kept in a buffer for the run."""
+    `add`), through the epilogue (k, off: zero-padded to whole FV, or empty): on the tiles
+    (`_epilogue_tile`) for linear, leaky and relu, else on the rows written. Past CHUNK_BYTES of
+    the filters' block the taps go in chunks, each over all of the run's tiles, their sums kept in
+    a buffer for the run."""
     N, S = y.shape[1], y.shape[2]
     taps = toff.shape[0]
     b = t // (groups * runs)
@@ -342,6 +374,7 @@ def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_
     chunks = -(-taps // kc)
     out = np.empty(((p_hi - p_lo + pv - 1) // pv if chunks > 1 else 1) * pv * FV, y.dtype)
     pf_at = min(p_lo + pv, p_hi - 1) // pv * pv         # the second tile, or the only one
+    tiled = k.shape[0] > 0 and (act == LINEAR or act == LEAKY or act == RELU)
     for ch in range(chunks):
         t0, t1 = ch * kc, min(taps, (ch + 1) * kc)
         for p0 in range(p_lo, p_hi, pv):
@@ -356,6 +389,8 @@ def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_
                 _tile4(tile, src, b * item, wt, w0, toff, t0, t1, ch > 0, pos, p0, pf)
             if ch < chunks - 1:
                 continue
+            if tiled:
+                _epilogue_tile(tile, min(pv, p_hi - p0), k, off, f0, act)
             for i in range(min(pv, p_hi - p0)):
                 if add:
                     for f in range(nf):
@@ -363,7 +398,7 @@ def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_
                 else:
                     for f in range(nf):
                         y[b, f0 + f, p0 + i] = tile[i * FV + f]
-    if k.shape[0]:
+    if k.shape[0] and not tiled:
         for f in range(f0, f0 + nf):
             affine_act_row(y[b, f, p_lo:p_hi], k[f], off[f], act)
 
@@ -382,8 +417,9 @@ def _forward_serial(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_b
         src = np.empty(B * C * plane, x.dtype)
         for b in range(B):
             _pad_item(src, x, b, pad, plane // wp, wp)
+    kp, op = _padded(kk, groups * FV), _padded(off, groups * FV)
     for t in range(B * groups * runs):
-        _unit(y, src, C * plane, wt, toff, pos, t, groups, runs, kk, off, act, add, chunk_bytes,
+        _unit(y, src, C * plane, wt, toff, pos, t, groups, runs, kp, op, act, add, chunk_bytes,
               prefetch)
 
 
@@ -399,8 +435,9 @@ def _forward_parallel(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk
         src = np.empty(B * C * plane, x.dtype)
         for b in prange(B):
             _pad_item(src, x, b, pad, plane // wp, wp)
+    kp, op = _padded(kk, groups * FV), _padded(off, groups * FV)
     for t in prange(B * groups * runs):
-        _unit(y, src, C * plane, wt, toff, pos, t, groups, runs, kk, off, act, add, chunk_bytes,
+        _unit(y, src, C * plane, wt, toff, pos, t, groups, runs, kp, op, act, add, chunk_bytes,
               prefetch)
 
 

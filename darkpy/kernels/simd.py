@@ -11,8 +11,9 @@ Inside a kernel only: `load(a, i)` (a[i:i+LANES] of a 1-D C-contiguous array), `
 `get(a, i)` (the scalar a[i]),
 `zero(a)` (a vector of a's dtype), `fma(acc, s, v)` (acc + s·v per lane, rounded once: LLVM's
 fma, one instruction where the CPU has FMA), `add(u, v)`, `sub(u, v)`, `mul(u, v)`, `neg(v)` (per
-lane, IEEE: each lane the bits of the scalar operation), `widen(v)` (as float64), `splat(v, s)`
-(s in every lane of a vector like v) and `lane(v, i)`.
+lane, IEEE: each lane the bits of the scalar operation), `widen(v)` (as float64), `cast_like(a, v)`
+(as a's dtype, rounded as the scalar cast), `positive_or(v, u)` (v's lane where it is > 0,
+else u's), `splat(v, s)` (s in every lane of a vector like v) and `lane(v, i)`.
 **load, store and get check no bounds**: the caller guarantees a[i:i+LANES] lies inside the
 array. float32 is the real work, float64 the gradient checks (the same source, like every kernel
 here). LANES is the float32 width of the widest vector
@@ -192,6 +193,36 @@ def widen(typingctx, v):
             return args[0]
         return builder.fpext(args[0], context.get_value_type(sig.return_type))
     return Vector(types.float64)(v), codegen
+
+
+@intrinsic
+def cast_like(typingctx, a, v):
+    """v's values as a vector of array a's dtype: a float64 v rounded to float32 as the scalar cast
+    rounds it, or v itself when the dtypes agree."""
+    if not (_float_array(a) and isinstance(v, Vector)
+            and {a.dtype, v.dtype} <= {types.float32, types.float64}):
+        return None
+
+    def codegen(context, builder, sig, args):
+        if sig.args[1].dtype == sig.return_type.dtype:
+            return args[1]
+        target = context.get_value_type(sig.return_type)
+        if sig.return_type.dtype == types.float32:
+            return builder.fptrunc(args[1], target)
+        return builder.fpext(args[1], target)
+    return Vector(a.dtype)(a, v), codegen
+
+
+@intrinsic
+def positive_or(typingctx, v, u):
+    """Per lane: v where v > 0, else u (the scalar `v if v > 0 else u`; a NaN in v gives u)."""
+    if not (isinstance(v, Vector) and v == u):
+        return None
+
+    def codegen(context, builder, sig, args):
+        zero = ir.Constant(context.get_value_type(sig.return_type), [0.0] * LANES)
+        return builder.select(builder.fcmp_ordered(">", args[0], zero), args[0], args[1])
+    return v(v, u), codegen
 
 
 @intrinsic
