@@ -353,6 +353,24 @@ def _padded(k, n):
 
 
 @_jit
+def _scatter8(y, b, f0, nf, p0, tile):
+    """y[b, f0 + f, p0:p0+8] := a tile's 8 positions of filter f, for f < nf: filter by filter, the
+    eight stores to one output row (position by position, they went to nf rows: each layer's
+    forward alone at b64, one or two threads, 0.86-0.97x the time on digits' and shapes-tiny's
+    layers)."""
+    for f in range(nf):
+        row = y[b, f0 + f]
+        row[p0] = tile[f]
+        row[p0 + 1] = tile[FV + f]
+        row[p0 + 2] = tile[2 * FV + f]
+        row[p0 + 3] = tile[3 * FV + f]
+        row[p0 + 4] = tile[4 * FV + f]
+        row[p0 + 5] = tile[5 * FV + f]
+        row[p0 + 6] = tile[6 * FV + f]
+        row[p0 + 7] = tile[7 * FV + f]
+
+
+@_jit
 def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_bytes, prefetch):
     """Unit t: item b = t // (groups·runs) (its planes at src[b·item:]), filters FV·(t // runs %
     groups)..., positions of run t % runs; its tiles scattered into y (B, N, S) (added to it with
@@ -391,7 +409,11 @@ def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_
                 continue
             if tiled:
                 _epilogue_tile(tile, min(pv, p_hi - p0), k, off, f0, act)
-            for i in range(min(pv, p_hi - p0)):
+            npos = min(pv, p_hi - p0)
+            if npos == 8 and not add:
+                _scatter8(y, b, f0, nf, p0, tile)
+                continue
+            for i in range(npos):
                 if add:
                     for f in range(nf):
                         y[b, f0 + f, p0 + i] += tile[i * FV + f]
