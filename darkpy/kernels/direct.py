@@ -256,24 +256,26 @@ def _store12(acc, q, M, j, s):
 
 @_serial
 def _forward_block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw):
-    """`_block3` with the strides of most layers, and its filters per pass, as constants: the
-    taps' offsets fold at compile time (computed in the loop, they took registers the eight
-    filters' accumulators need, which then spilled: tiny.cfg's 16 -> 128 at b64 1.7x the time)."""
-    if sy == 1 and sx == 1:
-        if w.shape[1] > 4:
-            _block3(y, pf, acc, w, b, oy0, rows, 1, 1, lw, FILTERS_3X3)
-        else:
-            _block3(y, pf, acc, w, b, oy0, rows, 1, 1, lw, 4)
-    elif sy == 2 and sx == 2:
-        _block3(y, pf, acc, w, b, oy0, rows, 2, 2, lw, 4)
-    else:
-        _block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw, 4)
+    """`_forward_block` for 3x3 kernels, register-blocked: pass after pass of `_sums3`, each
+    written out."""
+    N = w.shape[0]
+    M = _steps(rows * lw)
+    f0 = 0
+    while f0 < N:
+        width = _sums3(acc, pf, w, f0, rows, sy, sx, lw)
+        for q in range(0, width, 4):
+            _copy_out(y, acc, M, q, _four(f0 + q, N), b, oy0, rows, lw)
+        f0 += width
 
 
 @_serial
 def _sums3(acc, pf, w, f0, rows, sy, sx, lw):
-    """One pass of `_block3` (the filters from f0) into acc, not written out: returns its filters.
-    For `_pool_out`, which takes them from there."""
+    """One pass of `_pass3` (the filters from f0) into acc: returns its filters. The strides of
+    most layers, and the filters per pass, are constants here: the taps' offsets fold at compile
+    time (computed in the loop, they took registers the eight filters' accumulators need, which
+    then spilled: tiny.cfg's 16 -> 128 at b64 1.7x the time). Compiled on its own, once for both
+    of its callers (`_forward_block3`, and `_forward_unit` for `_pool_out`): each inlined copy of
+    the microkernels took seconds of a cold start."""
     if sy == 1 and sx == 1:
         if w.shape[1] > 4:
             _pass3(acc, pf, w, f0, rows, 1, 1, lw, FILTERS_3X3)
@@ -284,19 +286,6 @@ def _sums3(acc, pf, w, f0, rows, sy, sx, lw):
     else:
         _pass3(acc, pf, w, f0, rows, sy, sx, lw, 4)
     return 4
-
-
-@_jit
-def _block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw, width):
-    """`_forward_block` for 3x3 kernels, register-blocked: `width` (4 or 8) filters per pass
-    (`_pass3`), each pass then written out."""
-    N = w.shape[0]
-    M = _steps(rows * lw)
-    for f0 in range(0, N, width):
-        _pass3(acc, pf, w, f0, rows, sy, sx, lw, width)
-        _copy_out(y, acc, M, 0, _four(f0, N), b, oy0, rows, lw)
-        if width == 8:
-            _copy_out(y, acc, M, 4, _four(f0 + 4, N), b, oy0, rows, lw)
 
 
 @_jit
