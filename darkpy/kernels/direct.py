@@ -29,7 +29,7 @@ import numpy as np
 from numba import prange
 
 from . import PARALLEL_MIN, simd, vjit
-from .bn import affine_act, affine_act_row
+from .bn import affine_act_row
 from .pool2x2 import no_pool, pool_pair, pool_rows
 
 #: A forward with fewer than PARALLEL_MIN outputs still runs in parallel when it does at least
@@ -377,12 +377,12 @@ def _pool_out(p, acc, M, q, f, b, oy0, rows, lw, k, off, act):
     """The 2x2 maxima of rows oy0.. of item b of the four filters f, through the inference
     epilogue, into p[b]: each of their runs of M values in acc (from the q-th on, rows of lw
     values) goes through the epilogue in place (a whole run vectorises; a small map's rows are
-    too short), then its pairs of rows are pooled. Compiled on its own without fastmath, so the
-    values are `affine_act_row`'s, bit for bit. (Only here: the unpooled epilogue ran faster on the
+    too short), then its pairs of rows are pooled. The epilogue is `affine_act_row` called, as the
+    unpooled path calls it: the same values, bit for bit (inlined here, float64 values differed). (Only here: the unpooled epilogue ran faster on the
     output planes, and taking the passes' writing out of `_forward_block3` slowed its loop.)"""
     for i in range(4):
         a = acc[(q + i) * M:(q + i + 1) * M]
-        affine_act(a, a, k[f[i]], off[f[i]], act)
+        affine_act_row(a, k[f[i]], off[f[i]], act)
         for r in range(0, rows, 2):
             pool_pair(p[b, f[i], (oy0 + r) // 2], a[r * lw:], a[(r + 1) * lw:])
 

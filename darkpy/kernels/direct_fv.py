@@ -327,10 +327,11 @@ def _pad_item(xp, x, b, pad, hp, wp):
 def _epilogue_tile(tile, npos, kp, op, f0, act):
     """tile (npos positions x FV filters, filters last) in place := act(value·k + off), with the
     filters f0..'s k and off from kp and op (float64, zero-padded to whole FV) and act linear,
-    leaky or relu: in vectors across the filters, widened to float64, the values of
-    `affine_act_row`'s scalar loop bit for bit (compiled on its own without fastmath). Row by row
-    over a small map's few positions the scalar pass took longer than the scatter (digits' 32 ->
-    64 on 4x4: 16 values a row)."""
+    leaky or relu: in vectors across the filters, widened to float64 as `affine_act_row`'s scalar
+    loop does. For float32 tiles only: linked into its fastmath caller the product and the sum
+    fuse, which float64 outputs showed (1-2 ulp off the separate pass); rounded to float32 the
+    values were the separate pass's in every test. Row by row over a small map's few positions the
+    scalar pass took longer than the scatter (digits' 32 -> 64 on 4x4: 16 values a row)."""
     for h in range(0, FV, simd.LANES):
         kv, ov = simd.load(kp, f0 + h), simd.load(op, f0 + h)
         zero, tenth = simd.splat(kv, 0.0), simd.splat(kv, 0.1)
@@ -392,7 +393,9 @@ def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_
     chunks = -(-taps // kc)
     out = np.empty(((p_hi - p_lo + pv - 1) // pv if chunks > 1 else 1) * pv * FV, y.dtype)
     pf_at = min(p_lo + pv, p_hi - 1) // pv * pv         # the second tile, or the only one
-    tiled = k.shape[0] > 0 and (act == LINEAR or act == LEAKY or act == RELU)
+    # float32 only: float64 sums went through it contracted (fused multiply-adds), 1-2 ulp off
+    # the separate pass
+    tiled = k.shape[0] > 0 and y.itemsize == 4 and (act == LINEAR or act == LEAKY or act == RELU)
     for ch in range(chunks):
         t0, t1 = ch * kc, min(taps, (ch + 1) * kc)
         for p0 in range(p_lo, p_hi, pv):
