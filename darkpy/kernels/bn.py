@@ -57,38 +57,30 @@ def needs_input(a):
     return a == SWISH or a == MISH or a == HARD_MISH or a == GELU or a == GELU_TANH or a == GELU_F32
 
 
-@jit(inline="always")
-def affine_act(dst, src, k, off, a):
-    """dst[s] := act(src[s]·k + off), the activation picked once for the row (dst may be src).
-    Inlined: its caller must be compiled without fastmath, or the products and sums may be
-    contracted and the values differ from `affine_act_row`'s in the last bit."""
-    n = dst.shape[0]
-    if a == LINEAR:
-        for s in range(n):
-            dst[s] = src[s] * k + off
-    elif a == LEAKY:
-        for s in range(n):
-            z = src[s] * k + off
-            dst[s] = z if z > 0 else 0.1 * z
-    elif a == RELU:
-        for s in range(n):
-            z = src[s] * k + off
-            dst[s] = z if z > 0 else 0.0
-    elif a == LOGISTIC:
-        for s in range(n):
-            dst[s] = 1.0 / (1.0 + math.exp(-(src[s] * k + off)))
-    elif a == GELU_F32:
-        for s in range(n):
-            dst[s] = gelu_f32(src[s] * k + off)
-    else:
-        for s in range(n):
-            dst[s] = _act(src[s] * k + off, a)
-
-
 @vjit
 def affine_act_row(row, k, off, a):
     """row: (S,) in place -> act(row·k + off)."""
-    affine_act(row, row, k, off, a)
+    n = row.shape[0]
+    if a == LINEAR:
+        for s in range(n):
+            row[s] = row[s] * k + off
+    elif a == LEAKY:
+        for s in range(n):
+            z = row[s] * k + off
+            row[s] = z if z > 0 else 0.1 * z
+    elif a == RELU:
+        for s in range(n):
+            z = row[s] * k + off
+            row[s] = z if z > 0 else 0.0
+    elif a == LOGISTIC:
+        for s in range(n):
+            row[s] = 1.0 / (1.0 + math.exp(-(row[s] * k + off)))
+    elif a == GELU_F32:
+        for s in range(n):
+            row[s] = gelu_f32(row[s] * k + off)
+    else:
+        for s in range(n):
+            row[s] = _act(row[s] * k + off, a)
 
 
 #: The row reductions (sums, dot products) may be reassociated: that is what lets the compiler
