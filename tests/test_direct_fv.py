@@ -234,9 +234,9 @@ def test_network_on_the_path_gives_the_other_paths_outputs(kw):
         for l in convs]
 
 
-@pytest.mark.parametrize("kw", [dict(batch=1, c=228, n=40, h=13),
+@pytest.mark.parametrize("kw", [dict(batch=1, c=228, n=520, h=13),
                                 dict(batch=1, c=256, n=33, h=19, s=2, activation="mish"),
-                                dict(batch=2, c=240, n=24, h=11, k=5, pad=2, bn=0)])
+                                dict(batch=2, c=240, n=512, h=11, k=5, pad=2, bn=0)])
 def test_deep_layer_on_a_larger_map_gives_the_other_paths_outputs(kw):
     """A deep k x k layer (DEEP_MIN_TAPS) on a map past MAX_POSITIONS, in a small inferring batch,
     takes the path (its 13x13 map's 169 positions padded to whole microkernels) and gives what
@@ -301,13 +301,16 @@ def test_which_layers_take_it(monkeypatch):
     assert takes(c=512, h=7, batch=1) == (True, False) and takes(c=512, h=8, batch=1)[0]
     assert takes(c=1024, k=1, pad=0, h=7, batch=1)[0]
     assert not takes(c=512, k=1, pad=0, h=7, batch=2)[0] and not takes(c=128, h=9, batch=1)[0]
-    # and a deep k x k layer (DEEP_MIN_TAPS) in a batch of at most DEEP_MAX_POSITIONS positions
-    assert fv.DEEP_MIN_TAPS == 2048 and fv.DEEP_MAX_POSITIONS == 256
-    assert takes(c=512, h=9, batch=1) == (True, False) and takes(c=228, h=16, batch=1)[0]
-    assert takes(c=256, h=8, batch=4)[0] and takes(c=256, h=13, s=2, batch=1)[0]
-    assert not takes(c=227, h=16, batch=1)[0]          # 2043 taps
-    assert not takes(c=512, h=17, batch=1)[0] and not takes(c=512, h=9, batch=4)[0]
-    assert not takes(c=2048, k=1, pad=0, h=9, batch=1)[0]   # 1x1: the GEMM
+    # and a deep k x k layer (DEEP_MIN_TAPS), strided or with DEEP_MIN_FILTERS filters, in a batch
+    # of at most DEEP_MAX_POSITIONS positions
+    assert (fv.DEEP_MIN_TAPS, fv.DEEP_MIN_FILTERS, fv.DEEP_MAX_POSITIONS) == (2048, 512, 256)
+    assert takes(c=512, n=512, h=9, batch=1) == (True, False)
+    assert takes(c=228, n=512, h=16, batch=1)[0] and takes(c=256, n=600, h=8, batch=4)[0]
+    assert takes(c=256, h=31, s=2, batch=1)[0]          # 16x16, strided: any filters
+    assert not takes(c=256, n=511, h=13, batch=1)[0]    # fewer filters, stride 1
+    assert not takes(c=227, n=512, h=16, batch=1)[0]    # 2043 taps
+    assert not takes(c=512, n=512, h=17, batch=1)[0] and not takes(c=512, n=512, h=9, batch=4)[0]
+    assert not takes(c=2048, n=512, k=1, pad=0, h=9, batch=1)[0]   # 1x1: the GEMM
     assert takes(h=1, k=1, pad=0) == (False, False)     # one position: a connected layer
     for extra in ("groups=2\n", "dilation=2\n"):
         text = CFG.format(batch=1, h=8, c=16, n=24, k=3, s=1, pad=1, bn=0, activation="leaky")

@@ -106,17 +106,22 @@ TRAINING = True
 #: layers' wide GEMMs win: 1.2-1.3x the time on this path.)
 FEW_POSITIONS = 64
 #: ... and so does a k x k layer (k > 1) of at least DEEP_MIN_TAPS taps per filter in a batch of at
-#: most DEEP_MAX_POSITIONS output positions (a 13x13, 14x14 or 16x16 map at batch 1). Its streamed
-#: block of weights dwarfs the input; where it ran Winograd the transforms cost as much as the few
-#: tiles' GEMMs, and im2col + GEMM (169 columns) ran OpenBLAS at ~245 GFLOP/s. Each network's
-#: batch-1 forward, alternating in one process against 64 positions (`benchmarks.step_time
-#: --ab-setting`, 2 threads, 2-core AVX-512 Xeon): yolov3-tiny 0.92x the time (its 13x13 layers,
-#: layer by layer: 256 -> 512 2.6 -> 1.8 ms, 512 -> 1024 7.8 -> 7.0 ms), yolov4-tiny 0.94x,
-#: darknet19 0.96x, resnet50 0.98x. Fewer taps lost to Winograd on 14x14 (tiny.cfg's 64 -> 512,
-#: 576 taps: its forward 1.02x; darknet.cfg's 128 -> 256, 1152 taps: 1.04x); 1x1 layers lost to
-#: the GEMM (yolov3-tiny's 1024 -> 256 on 13x13: 0.55 -> 0.71 ms); 1024 positions (26x26 maps)
-#: lost too (yolov3-tiny 1.05x, darknet19 1.03x).
+#: most DEEP_MAX_POSITIONS output positions (a 13x13, 14x14 or 16x16 map at batch 1), strided or with
+#: at least DEEP_MIN_FILTERS filters. Its streamed block of weights dwarfs the input, and the other
+#: paths' GEMMs are thin: Winograd's 16 tiles of a 13x13 or 14x14 map (a third of them padding on
+#: 13x13), im2col's 169-196 columns (OpenBLAS at ~245 GFLOP/s). Measured each layer's forward within
+#: the network's batch-1 forward, and the whole forward alternating in one process against no such
+#: rule (`benchmarks.step_time --ab-setting`), 2 threads, 2-core AVX-512 Xeon: yolov3-tiny 0.92-0.95x
+#: the time (its 13x13 layers 256 -> 512 2.7 -> 1.9 ms, 512 -> 1024 8.5 -> 7.2 ms), yolov4-tiny
+#: 0.92-0.94x (512 -> 512 on 13x13 4.1 -> 3.7 ms, 256 -> 512 2.5 -> 1.9 ms), darknet19 0.96-0.98x (256 ->
+#: 512 on 14x14 3.1 -> 2.1, 2.8 -> 1.9, 2.5 -> 2.1 ms), resnet50's stride-2 256 -> 256 (from
+#: 28x28; im2col before) 1.6 -> 1.4 ms (its forward 0.96x). Fewer filters on Winograd's 14x14 lost: cifar's two 256 ->
+#: 256 layers 0.82 -> 0.95-1.07 ms (its forward 1.03-1.07x), resnet50's five level. So did fewer
+#: taps (tiny.cfg's 64 -> 512 on 14x14, 576 taps: its forward 1.02x; darknet.cfg's 128 -> 256, 1152
+#: taps: 1.04x), 1x1 layers against the GEMM (yolov3-tiny's 1024 -> 256 on 13x13: 0.55 -> 0.71
+#: ms), and 1024 positions (26x26 maps: yolov3-tiny 1.05x, darknet19 1.03x).
 DEEP_MIN_TAPS = 2048
+DEEP_MIN_FILTERS = 512
 DEEP_MAX_POSITIONS = 256
 #: Most taps per filter of a layer that trains, in its forward and its input gradient: its GEMM and
 #: Winograd alternatives are short too (digits' 32 -> 64 on 4x4 at b32 ran Winograd on 128 tiles).
@@ -131,13 +136,14 @@ def supports(c: int, n: int, k: int, groups: int, dilation: int, positions: int,
     """Layers this path takes: ungrouped and undilated, with MIN_POSITIONS to MAX_POSITIONS output
     positions per item; in a network that will only infer, with at most MAX_TAPS taps per filter (c
     input channels, k x k), or any number in a batch of at most FEW_POSITIONS output positions, and
-    a k x k layer of at least DEEP_MIN_TAPS taps in a batch of at most DEEP_MAX_POSITIONS whatever
-    its map; in one that trains (with TRAINING), at stride 1 with padding at most k − 1 and at most
-    TRAINING_MAX_TAPS taps per filter of the forward (c·k·k) and of the input gradient (n·k·k)."""
+    a k x k layer of at least DEEP_MIN_TAPS taps, strided or of at least DEEP_MIN_FILTERS filters,
+    in a batch of at most DEEP_MAX_POSITIONS whatever its map; in one that trains (with TRAINING),
+    at stride 1 with padding at most k − 1 and at most TRAINING_MAX_TAPS taps per filter of the
+    forward (c·k·k) and of the input gradient (n·k·k)."""
     if not (groups == 1 and dilation == 1 and MIN_POSITIONS <= positions):
         return False
     if (inference_only and k > 1 and c * k * k >= DEEP_MIN_TAPS
-            and batch * positions <= DEEP_MAX_POSITIONS):
+            and batch * positions <= DEEP_MAX_POSITIONS and (stride > 1 or n >= DEEP_MIN_FILTERS)):
         return True
     if positions > MAX_POSITIONS:
         return False
