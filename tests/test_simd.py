@@ -13,6 +13,7 @@ import pytest
 from numba.core.codegen import get_host_cpu_features
 
 from darkpy.kernels import microgemm, simd
+from darkpy.kernels.pool2x2 import max4, pool_pair
 
 L = simd.LANES
 
@@ -106,6 +107,53 @@ def test_cast_like_and_positive_or_give_the_scalar_values():
     np.testing.assert_array_equal(out32.view(np.uint32), want.view(np.uint32))
     np.testing.assert_array_equal(out64[:L], np.array([a if a > 0 else b for a, b in zip(v, u)]))
     np.testing.assert_array_equal(out64[L:], v)
+
+
+@numba.njit(cache=False)
+def _picks(out, a, b):
+    """out := evens(a0, a1), odds(a0, a1) and greater_or(a0, b0), a0, a1 the two vectors of a."""
+    a0, a1 = simd.load(a, 0), simd.load(a, L)
+    simd.store(out, 0, simd.evens(a0, a1))
+    simd.store(out, L, simd.odds(a0, a1))
+    simd.store(out, 2 * L, simd.greater_or(a0, simd.load(b, 0)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_evens_odds_and_greater_or(dtype):
+    """evens/odds: every other value of 2·LANES in order; greater_or: `v if v > u else u` (equal
+    values, zeros of both signs, a NaN on either side)."""
+    a = np.random.default_rng(2).standard_normal(2 * L).astype(dtype)
+    b = np.random.default_rng(3).standard_normal(L).astype(dtype)
+    a[:5], b[:5] = [0.0, -0.0, np.nan, 1.0, 2.0], [-0.0, 0.0, 1.0, np.nan, 2.0]
+    out = np.empty(3 * L, dtype)
+    _picks(out, a, b)
+    np.testing.assert_array_equal(out[:L], a[0::2])
+    np.testing.assert_array_equal(out[L:2 * L], a[1::2])
+    want = np.array([v if v > u else u for v, u in zip(a[:L], b)], dtype)
+    np.testing.assert_array_equal(out[2 * L:].view(f"u{a.itemsize}"), want.view(f"u{a.itemsize}"))
+
+
+@numba.njit(cache=False)
+def _pool_pairs(p, r0, r1, w):
+    """p[:w] := pool_pair of rows r0, r1; the scalar max4 of the same windows, as a second row."""
+    pool_pair(p[0, :w], r0, r1)
+    for t in range(w):
+        p[1, t] = max4(r0[2 * t], r0[2 * t + 1], r1[2 * t], r1[2 * t + 1])
+
+
+@pytest.mark.parametrize("w", [1, L - 1, L, L + 3, 3 * L])
+def test_pool_pair_is_max4_bit_for_bit(w):
+    """The vector 2x2 maxima equal `max4`'s window by window, in bits: ties of signed zeros keep
+    the first, a NaN in the first position stays, a NaN elsewhere loses; rows longer than 2w."""
+    rng = np.random.default_rng(w)
+    for dtype in (np.float32, np.float64):
+        r0, r1 = (rng.integers(-2, 3, 2 * w + 3).astype(dtype) for _ in range(2))
+        r0[rng.random(r0.shape) < 0.2] = -0.0
+        r1[rng.random(r1.shape) < 0.2] = np.nan
+        r0[rng.random(r0.shape) < 0.1] = np.nan
+        p = np.full((2, w), 7, dtype)
+        _pool_pairs(p, r0, r1, w)
+        np.testing.assert_array_equal(p[0].view(f"u{p.itemsize}"), p[1].view(f"u{p.itemsize}"))
 
 
 @numba.njit(cache=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import jit
+from . import jit, simd
 
 
 @jit(inline="always")
@@ -30,8 +30,19 @@ def max4(a, b, c, d):
 @jit(inline="always")
 def pool_pair(p, r0, r1):
     """p (w,) = the 2x2 stride-2 maxima of the two rows r0, r1 (2w+ values; the extra columns are
-    left out)."""
-    for t in range(p.shape[0]):
+    left out), all three 1-D C-contiguous: LANES maxima at a time while 2·LANES values of both rows
+    remain (each lane the four values compared in `max4`'s order, `simd.greater_or`: the same bits,
+    ties and NaNs), the rest one by one. Against `max4` alone, each layer's forward in one process,
+    2 threads, 2-core AVX-512 Xeon: shapes-tiny's first layer (stride 2 on 128x128, pooled) at b64
+    with the vector gather of its planes (kernels/direct.py) 0.93x the time."""
+    n = min(p.shape[0], r0.shape[0] // 2, r1.shape[0] // 2) // simd.LANES * simd.LANES
+    for t in range(0, n, simd.LANES):
+        a0, a1 = simd.load(r0, 2 * t), simd.load(r0, 2 * t + simd.LANES)
+        b0, b1 = simd.load(r1, 2 * t), simd.load(r1, 2 * t + simd.LANES)
+        best = simd.greater_or(simd.odds(a0, a1), simd.evens(a0, a1))
+        best = simd.greater_or(simd.evens(b0, b1), best)
+        simd.store(p, t, simd.greater_or(simd.odds(b0, b1), best))
+    for t in range(n, p.shape[0]):
         p[t] = max4(r0[2 * t], r0[2 * t + 1], r1[2 * t], r1[2 * t + 1])
 
 

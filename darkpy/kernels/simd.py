@@ -13,7 +13,9 @@ Inside a kernel only: `load(a, i)` (a[i:i+LANES] of a 1-D C-contiguous array), `
 fma, one instruction where the CPU has FMA), `add(u, v)`, `sub(u, v)`, `mul(u, v)`, `neg(v)` (per
 lane, IEEE: each lane the bits of the scalar operation), `widen(v)` (as float64), `cast_like(a, v)`
 (as a's dtype, rounded as the scalar cast), `positive_or(v, u)` (v's lane where it is > 0,
-else u's), `splat(v, s)` (s in every lane of a vector like v) and `lane(v, i)`.
+else u's), `greater_or(v, u)` (v's lane where it is > u's, else u's), `evens(u, v)` and
+`odds(u, v)` (the even or odd lanes of u then of v: a row's every other value), `splat(v, s)` (s in
+every lane of a vector like v) and `lane(v, i)`.
 **load, store and get check no bounds**: the caller guarantees a[i:i+LANES] lies inside the
 array. float32 is the real work, float64 the gradient checks (the same source, like every kernel
 here). LANES is the float32 width of the widest vector
@@ -257,3 +259,35 @@ def neg(typingctx, v):
     def codegen(context, builder, sig, args):
         return builder.fneg(args[0])
     return v(v), codegen
+
+
+
+def _pick(first):
+    """An intrinsic taking lanes first, first + 2, ... of u followed by v (2·LANES values): a row's
+    every other value (one permute instruction on AVX-512)."""
+    def typer(typingctx, u, v):
+        if not (isinstance(u, Vector) and u == v):
+            return None
+
+        def codegen(context, builder, sig, args):
+            mask = ir.Constant(ir.VectorType(_I32, LANES), [first + 2 * i for i in range(LANES)])
+            return builder.shuffle_vector(args[0], args[1], mask)
+        return u(u, v), codegen
+    return intrinsic(typer)
+
+
+#: The even (odd) lanes of u, then of v, in order.
+evens = _pick(0)
+odds = _pick(1)
+
+
+@intrinsic
+def greater_or(typingctx, v, u):
+    """Per lane: v where v > u, else u (the scalar `v if v > u else u`: a NaN in v gives u, a NaN in
+    u stays)."""
+    if not (isinstance(v, Vector) and v == u):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.select(builder.fcmp_ordered(">", args[0], args[1]), args[0], args[1])
+    return v(v, u), codegen
