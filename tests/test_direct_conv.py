@@ -155,6 +155,23 @@ def _net(monkeypatch, direct, dtype=np.float64, **kw):
     return net
 
 
+@pytest.mark.parametrize("kw", [dict(c=16, n=24, h=64, w=66, bn=1), dict(c=32, n=40, h=65, w=64)])
+def test_inferring_stride_2_layer_equals_im2col(kw):
+    """A 3x3 stride-2 layer over 5-32 channels on a large map takes the direct path only in a
+    network that only infers (MID_STRIDE_2), and gives the im2col path's outputs (float64)."""
+    opts = dict(batch=2, k=3, s=2, pad=1, bn=0) | kw
+    net = network_from_text(CFG.format(**opts), dtype=np.float64)
+    assert not net.layers[0].direct
+    net.layers[0].init_weights(np.random.default_rng(1))
+    if net.layers[0].bn is not None:
+        net.layers[0].bn.rolling_variance[...] = np.random.default_rng(4).uniform(0.5, 2, opts["n"])
+    x = np.random.default_rng(2).uniform(-1, 1, net.input.shape)
+    want = net.forward(x).copy()
+    net.share_outputs()
+    assert net.layers[0].direct
+    np.testing.assert_allclose(net.forward(x), want, rtol=1e-11, atol=1e-11 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("own_input_grad", [True, False])
 @pytest.mark.parametrize("kw", [dict(), dict(bn=1), dict(s=2, pad=1), dict(k=1, pad=0, c=1),
                                 dict(k=5, pad=2, s=2, c=4), dict(c=32, n=8, h=32, w=33, bn=1),
@@ -210,7 +227,8 @@ def test_direct_only_where_it_applies():
         net = network_from_text(CFG.format(**base) + extra)
         assert not net.layers[0].direct, extra
     # 5-32 channels, 3x3 stride 1: maps of at least MID_MIN_POSITIONS (32x32) outputs, or, only
-    # inferring, of at least SMALL_MIN_POSITIONS (8x8), at most SMALL_MAX_BATCH_POSITIONS in a batch
+    # inferring, of at least SMALL_MIN_POSITIONS (8x8), at most SMALL_MAX_BATCH_POSITIONS in a batch;
+    # stride 2 only inferring, on maps of at least MID_MIN_POSITIONS
     mid = base | dict(c=16, n=32, h=32, w=32)
     for kw, expected, inferring in (
             (dict(), True, True), (dict(c=5), True, True), (dict(c=32), True, True),
@@ -218,7 +236,11 @@ def test_direct_only_where_it_applies():
             (dict(w=31), False, True), (dict(w=31, batch=5), False, False),
             (dict(h=8, w=8, batch=64), False, True), (dict(h=8, w=8, batch=65), False, False),
             (dict(h=7, w=8, batch=1), False, False),
-            (dict(s=2, h=64, w=64), False, False), (dict(k=5, pad=2), False, False)):
+            (dict(k=5, pad=2), False, False),
+            # stride 2 (MID_STRIDE_2): inferring only, outputs of at least MID_MIN_POSITIONS
+            (dict(s=2, h=64, w=64), False, True), (dict(s=2, h=64, w=64, c=32, n=64), False, True),
+            (dict(s=2, h=64, w=62), False, False), (dict(s=2, h=64, w=64, c=33), False, False),
+            (dict(s=3, h=96, w=96), False, False)):
         net = network_from_text(CFG.format(**(mid | kw)))
         assert net.layers[0].direct is expected, kw
         net.share_outputs()
