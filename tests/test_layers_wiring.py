@@ -13,6 +13,8 @@ import pytest
 
 from darkpy.cfg import CfgWarning
 from darkpy.errors import CfgError
+from darkpy.kernels import PARALLEL_MIN
+from darkpy.layers import route as route_kernels
 from darkpy.layers.base import State
 from darkpy.network import load_network, network_from_text
 from helpers import assert_close, golden_dir, golden_meta, layer_gradcheck, numerical_grad, read_f32
@@ -381,3 +383,34 @@ def test_sam_and_scale_channels_match_opencv(tmp_path):
     for name, out in zip(names, cv.forward(names)):
         i = int(name.rsplit("_", 1)[1])
         assert_close(net.layers[i].output, out.reshape(net.layers[i].output.shape), 1e-5, 1e-6, name)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_large_route_with_groups_is_the_concatenation_and_adds_back(batch):
+    """A route of two large sources (several spans of the parallel copy, strided rows, AlexeyAB's
+    group_id) outputs the concatenation of the chosen chunks, and its backward adds its delta
+    into each source's delta (not overwriting what was there)."""
+    text = cfg("[convolutional]\nfilters=8\nsize=1\nactivation=linear",
+               "[convolutional]\nfilters=6\nsize=1\nactivation=linear",
+               "[route]\nlayers=0,1\ngroups=2\ngroup_id=1", w=96, h=90, c=2)
+    net = network_from_text(text.replace("[net]\n", f"[net]\nbatch={batch}\n"), dtype=np.float64)
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-1, 1, net.input.shape)
+    net.forward(x)
+    a, b = (net.layers[i].output.reshape(batch, -1) for i in (0, 1))
+    half_a, half_b = a.shape[1] // 2, b.shape[1] // 2
+    want = np.concatenate([a[:, half_a:], b[:, half_b:]], axis=1)
+    assert min(half_a, half_b) > route_kernels.SPAN     # several parallel tasks per part
+    assert net.layers[2].output.size >= PARALLEL_MIN
+    np.testing.assert_array_equal(net.layers[2].output.reshape(batch, -1), want)
+    before = [rng.uniform(-1, 1, net.layers[i].delta.shape) for i in (0, 1)]
+    for i in (0, 1):
+        net.layers[i].delta[...] = before[i]
+    route = net.layers[2]
+    route.delta[...] = rng.uniform(-1, 1, route.delta.shape)
+    route.backward(State(None, None, None, True, net.layers))
+    d = route.delta.reshape(batch, -1)
+    got0, got1 = (net.layers[i].delta.reshape(batch, -1) for i in (0, 1))
+    np.testing.assert_array_equal(got0[:, :half_a], before[0].reshape(batch, -1)[:, :half_a])
+    np.testing.assert_array_equal(got0[:, half_a:], before[0].reshape(batch, -1)[:, half_a:] + d[:, :half_a])
+    np.testing.assert_array_equal(got1[:, half_b:], before[1].reshape(batch, -1)[:, half_b:] + d[:, half_a:])

@@ -15,8 +15,42 @@ layers receives the sum of all their gradients.
 from __future__ import annotations
 
 import numpy as np
+from numba import prange
 
+from ..kernels import PARALLEL_MIN, jit, pjit
 from .base import Layer, Shape, State, fmt_shape, is_image, numel, register
+
+#: Values per task of `copy_parts`. A copy is bound by memory, but by one core's share of it: on
+#: the 2-core AVX-512 Xeon VM a 2.8 MB copy took 187 µs with numpy's copyto (one thread) and 75 µs
+#: split between two; yolov4-tiny's routes at b1, within its forward, 0.49 -> 0.29 ms (two
+#: 104x104x64 maps), 0.19 -> 0.12 and 0.20 -> 0.11 ms, its eleven 1.4 -> 0.9 ms.
+SPAN = 1 << 14
+
+
+@jit(inline="always")
+def _part(dst, src, t, spans, add):
+    """Task t of `copy_parts`: one span of one item's row."""
+    b, lo = t // spans, (t % spans) * SPAN
+    d, x = dst[b, lo:lo + SPAN], src[b, lo:lo + SPAN]
+    if add:
+        for i in range(d.shape[0]):
+            d[i] += x[i]
+    else:
+        for i in range(d.shape[0]):
+            d[i] = x[i]
+
+
+@pjit
+def copy_parts(dst, src, add):
+    """dst (B, n) := src (B, n), or += with `add` (rows of both may be strided), in tasks of SPAN
+    values, in parallel from PARALLEL_MIN values."""
+    spans = -(-dst.shape[1] // SPAN)
+    if dst.size < PARALLEL_MIN:
+        for t in range(dst.shape[0] * spans):
+            _part(dst, src, t, spans, add)
+    else:
+        for t in prange(dst.shape[0] * spans):
+            _part(dst, src, t, spans, add)
 
 
 def shape_text(shape: Shape) -> str:
@@ -83,7 +117,7 @@ class RouteLayer(Layer):
         for i, part in zip(self.refs, self.parts):
             src = s.layers[i].output.reshape(self.batch, -1)
             start = part * self.group_id
-            np.copyto(out[:, offset:offset + part], src[:, start:start + part])
+            copy_parts(out[:, offset:offset + part], src[:, start:start + part], False)
             offset += part
 
     def backward(self, s: State) -> None:
@@ -92,7 +126,7 @@ class RouteLayer(Layer):
         for i, part in zip(self.refs, self.parts):
             dst = s.layers[i].delta.reshape(self.batch, -1)
             start = part * self.group_id
-            dst[:, start:start + part] += delta[:, offset:offset + part]
+            copy_parts(dst[:, start:start + part], delta[:, offset:offset + part], True)
             offset += part
 
     def summary(self) -> str:
