@@ -38,8 +38,11 @@ pjit = functools.partial(numba.njit, cache=True, nogil=True, parallel=True)
 PARALLEL_MIN = 1 << 15
 #: PARALLEL_MIN_FLAT: the flat kernels whose two branches run the same vectorised span function, one
 #: cheap pass per value (leaky/relu/linear activation and its gradient, shortcut add): ~0.1 ns per
-#: value, so memory bandwidth, not the core, bounds them and a second thread barely helps. Measured
-#: on 2 cores (1 vs 2 threads interleaved, 10th percentile of 300 calls, load ~3.4), 2 threads
-#: against 1: leaky activation 1.71x at 131k values, 1.18x at 524k, 1.11x at 1M, 0.67x at 2M;
-#: shortcut add + leaky 1.43x, 1.00x, 1.09x, 1.07x.
-PARALLEL_MIN_FLAT = 1 << 20
+#: value, bound by memory. Measured on a loaded 2-core Zen (1 vs 2 threads interleaved, 10th
+#: percentile of 300 calls, load ~3.4), 2 threads against 1: leaky activation 1.71x at 131k values,
+#: 1.18x at 524k, 1.11x at 1M, 0.67x at 2M; shortcut add + leaky 1.43x, 1.00x, 1.09x, 1.07x; hence
+#: 1M until 2026-12-05. On the 2-core AVX-512 Xeon VM one core moves memory at a third of what two
+#: do (a 2.8 MB copy: 187 µs on one thread, 75 on two), and at 64k resnet50's shortcuts at b1
+#: (256 x 56 x 56 = 802k values down to 1024 x 14 x 14) took 0.53-0.65x the time within its forward
+#: (2 threads, against 1M; the whole forward 0.95-0.96x).
+PARALLEL_MIN_FLAT = 1 << 16
