@@ -398,8 +398,9 @@ def _pool_out(p, acc, M, q, f, b, oy0, rows, lw, k, off, act):
     epilogue, into p[b]: each of their runs of M values in acc (from the q-th on, rows of lw
     values) goes through the epilogue in place (a whole run vectorises; a small map's rows are
     too short), then its pairs of rows are pooled. The epilogue is `affine_act_row` called, as the
-    unpooled path calls it: the same values, bit for bit (inlined here, float64 values differed). (Only here: the unpooled epilogue ran faster on the
-    output planes, and taking the passes' writing out of `_forward_block3` slowed its loop.)"""
+    unpooled path calls it: the same values, bit for bit (inlined here, float64 values differed).
+    (Only here: the unpooled epilogue ran faster on the output planes, and taking the passes'
+    writing out of `_forward_block3` slowed its loop.)"""
     for i in range(4):
         a = acc[(q + i) * M:(q + i + 1) * M]
         affine_act_row(a, k[f[i]], off[f[i]], act)

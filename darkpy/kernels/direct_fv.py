@@ -106,20 +106,21 @@ TRAINING = True
 #: layers' wide GEMMs win: 1.2-1.3x the time on this path.)
 FEW_POSITIONS = 64
 #: ... and so does a k x k layer (k > 1) of at least DEEP_MIN_TAPS taps per filter in a batch of at
-#: most DEEP_MAX_POSITIONS output positions (a 13x13, 14x14 or 16x16 map at batch 1), strided or with
-#: at least DEEP_MIN_FILTERS filters. Its streamed block of weights dwarfs the input, and the other
-#: paths' GEMMs are thin: Winograd's 16 tiles of a 13x13 or 14x14 map (a third of them padding on
-#: 13x13), im2col's 169-196 columns (OpenBLAS at ~245 GFLOP/s). Measured each layer's forward within
-#: the network's batch-1 forward, and the whole forward alternating in one process against no such
-#: rule (`benchmarks.step_time --ab-setting`), 2 threads, 2-core AVX-512 Xeon: yolov3-tiny 0.92-0.95x
-#: the time (its 13x13 layers 256 -> 512 2.7 -> 1.9 ms, 512 -> 1024 8.5 -> 7.2 ms), yolov4-tiny
-#: 0.92-0.94x (512 -> 512 on 13x13 4.1 -> 3.7 ms, 256 -> 512 2.5 -> 1.9 ms), darknet19 0.96-0.98x (256 ->
-#: 512 on 14x14 3.1 -> 2.1, 2.8 -> 1.9, 2.5 -> 2.1 ms), resnet50's stride-2 256 -> 256 (from
-#: 28x28; im2col before) 1.6 -> 1.4 ms (its forward 0.96x). Fewer filters on Winograd's 14x14 lost: cifar's two 256 ->
-#: 256 layers 0.82 -> 0.95-1.07 ms (its forward 1.03-1.07x), resnet50's five level. So did fewer
-#: taps (tiny.cfg's 64 -> 512 on 14x14, 576 taps: its forward 1.02x; darknet.cfg's 128 -> 256, 1152
-#: taps: 1.04x), 1x1 layers against the GEMM (yolov3-tiny's 1024 -> 256 on 13x13: 0.55 -> 0.71
-#: ms), and 1024 positions (26x26 maps: yolov3-tiny 1.05x, darknet19 1.03x).
+#: most DEEP_MAX_POSITIONS output positions (a 13x13, 14x14 or 16x16 map at batch 1), strided or
+#: with at least DEEP_MIN_FILTERS filters. Its streamed block of weights dwarfs the input, and the
+#: other paths' GEMMs are thin: Winograd's 16 tiles of a 13x13 or 14x14 map (a third of them
+#: padding on 13x13), im2col's 169-196 columns (OpenBLAS at ~245 GFLOP/s). Measured each layer's
+#: forward within the network's batch-1 forward, and the whole forward alternating in one process
+#: against no such rule (`benchmarks.step_time --ab-setting`), 2 threads, 2-core AVX-512 Xeon:
+#: yolov3-tiny 0.92-0.95x the time (its 13x13 layers 256 -> 512 2.7 -> 1.9 ms, 512 -> 1024 8.5 ->
+#: 7.2 ms), yolov4-tiny 0.92-0.94x (512 -> 512 on 13x13 4.1 -> 3.7 ms, 256 -> 512 2.5 -> 1.9 ms),
+#: darknet19 0.96-0.98x (256 -> 512 on 14x14 3.1 -> 2.1, 2.8 -> 1.9, 2.5 -> 2.1 ms), resnet50's
+#: stride-2 256 -> 256 from 28x28 (im2col before) 1.6 -> 1.4 ms (its forward 0.96x). Fewer
+#: filters on Winograd's 14x14 lost: cifar's two 256 -> 256 layers 0.82 -> 0.95-1.07 ms (its
+#: forward 1.03-1.07x), resnet50's five level. So did fewer taps (tiny.cfg's 64 -> 512 on 14x14,
+#: 576 taps: its forward 1.02x; darknet.cfg's 128 -> 256, 1152 taps: 1.04x), 1x1 layers against
+#: the GEMM (yolov3-tiny's 1024 -> 256 on 13x13: 0.55 -> 0.71 ms), and 1024 positions (26x26
+#: maps: yolov3-tiny 1.05x, darknet19 1.03x).
 DEEP_MIN_TAPS = 2048
 DEEP_MIN_FILTERS = 512
 DEEP_MAX_POSITIONS = 256

@@ -261,7 +261,6 @@ def neg(typingctx, v):
     return v(v), codegen
 
 
-
 def _pick(first):
     """An intrinsic taking lanes first, first + 2, ... of u followed by v (2·LANES values): a row's
     every other value (one permute instruction on AVX-512)."""
