@@ -436,9 +436,9 @@ def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_
                 _tile4(tile, src, b * item, wt, w0, toff, t0, t1, ch > 0, pos, p0, pf)
             if ch < chunks - 1:
                 continue
-            if tiled:
-                _epilogue_tile(tile, min(pv, p_hi - p0), k, off, f0, act)
             npos = min(pv, p_hi - p0)
+            if tiled:
+                _epilogue_tile(tile, npos, k, off, f0, act)
             if npos == 8 and not add:
                 _scatter8(y, b, f0, nf, p0, tile)
                 continue
