@@ -30,7 +30,7 @@ from .cfg import CfgDocument, CfgWarning, Section, load_cfg, parse_cfg
 from .errors import CfgError, StateError, TrainingError
 from .layers.base import REGISTRY, Layer, State, is_image, numel
 from .layers.conv_winograd import plan_kept_filters
-from .memory import MemoryLimitError, check_network_fits
+from .memory import MemoryLimitError, check_network_fits, release_freed_memory
 from .memory import shapes_only as _shapes_only
 from .netconfig import KNOWN_NET_KEYS, POLICIES, NetConfig  # noqa: F401  (re-exported)
 from .optim import clip_global_norm, current_rate, sum_squares, update_params
@@ -270,6 +270,7 @@ class Network:
             out = self.layers.index(self.output_layer)
             self._arena, _ = outputs_plan.apply(self.layers, out, self._share_keep, self.dtype)
             outputs_plan.fuse_pools(self.layers, out, self._share_keep)
+        release_freed_memory()        # the buffers just replaced (darkpy/memory.py)
 
     def share_outputs(self, keep: Sequence[int] = ()) -> int:
         """Inference only: the outputs of layers nothing reads after a forward (all but the output
