@@ -8,6 +8,8 @@ specialisation per dtype, cached on disk).
 from __future__ import annotations
 
 import functools
+import hashlib
+from pathlib import Path
 
 import numba
 
@@ -15,14 +17,52 @@ import numba
 # GOMP_SPINCOUNT=30000, a few hundred µs, for its own process, see darkpy/process.py; importing darkpy sets
 # nothing.)
 
+
+def fingerprint(root: Path) -> str:
+    """A hash of the source files under `root` that hold or call numba kernels (that mention
+    `jit`), with their paths."""
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_bytes()
+        if b"jit" in text:
+            h.update(path.relative_to(root).as_posix().encode() + b"\0" + text + b"\0")
+    return h.hexdigest()
+
+
+@functools.cache
+def sources_fingerprint() -> str:
+    """`fingerprint` of the darkpy package (~5 ms, once): part of each kernel's on-disk cache key
+    (`njit`)."""
+    return fingerprint(Path(__file__).resolve().parent.parent)
+
+
+def njit(func=None, **flags):
+    """`numba.njit(**flags)`, whose on-disk cache (with cache=True) is also keyed on
+    `sources_fingerprint()`. numba keys a cached kernel on its own file's text only, so a kernel
+    whose file did not change kept its cached machine code when code it inlines or calls from
+    another file, or a constant it reads when it compiles (PARALLEL_MIN), changed: after a
+    `git pull` in an editable install, or an upgrade that left the old caches beside the new files
+    (pip does not remove them), it ran the old code. The key is set on numba's cache object of
+    this dispatcher only (numba's own attributes, read defensively: a numba without them caches as
+    it did; tests/test_kernel_cache.py checks they are there)."""
+    if func is None:
+        return lambda f: njit(f, **flags)
+    dispatcher = numba.njit(**flags)(func)
+    cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    stamp = getattr(cache_file, "_source_stamp", None)
+    if stamp is not None:
+        cache_file._source_stamp = (stamp, sources_fingerprint())
+    return dispatcher
+
+
 #: Serial kernel: cached on disk, releases the GIL (so the data loader thread can run beside it).
-jit = functools.partial(numba.njit, cache=True, nogil=True)
+jit = functools.partial(njit, cache=True, nogil=True)
 #: Serial kernel as `jit` whose float divisions follow IEEE (x/0 gives ±inf or NaN) instead of
 #: checking for zero and raising: the check stops the compiler vectorising a loop that divides
 #: (a division-heavy loop ran 10× slower). Results are otherwise the same bits.
-vjit = functools.partial(numba.njit, cache=True, nogil=True, error_model="numpy")
+vjit = functools.partial(njit, cache=True, nogil=True, error_model="numpy")
 #: Parallel kernel: as `jit`, with `prange` loops spread over numba's thread pool.
-pjit = functools.partial(numba.njit, cache=True, nogil=True, parallel=True)
+pjit = functools.partial(njit, cache=True, nogil=True, parallel=True)
 
 #: Values a `pjit` kernel must touch before it runs its loop in parallel. Waking numba's threads
 #: costs ~6-10 µs per parallel region (measured on 2 cores, more under load), about what one core

@@ -23,11 +23,10 @@ from __future__ import annotations
 import functools
 import math
 
-import numba
 import numpy as np
 from numba import prange
 
-from . import PARALLEL_MIN, jit, pjit, vjit
+from . import PARALLEL_MIN, jit, njit, pjit, vjit
 from .activations import (
     GELU,
     GELU_F32,
@@ -87,7 +86,7 @@ def affine_act_row(row, k, off, a):
 #: vectorise them (measured 7-12x on a row of 4096 values; a channel's sum stays on one thread, so
 #: the result is deterministic). Not inlined into their callers, which would drop the flag.
 #: IEEE division (as `vjit`) too, so the activation derivatives inside them vectorise.
-_reduce_jit = functools.partial(numba.njit, cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
+_reduce_jit = functools.partial(njit, cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
 
 
 @_reduce_jit

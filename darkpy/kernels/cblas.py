@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import ctypes
 
-import numba
 from llvmlite import ir
 from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from . import njit
 
 #: The name the compiled kernels call; `load` points it at the library's sgemm.
 NAME = "darkpy_cblas_sgemm64"
@@ -83,7 +84,7 @@ def _sgemm(typingctx, ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
 _F = 4
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def split_sgemm(c, a, ta, lda, b, tb, ldb, m, n, k, parts, by_rows):
     """c (m, n) C-contiguous := op(A) @ op(B) in `parts` parts, one sgemm call each, on numba's
     threads: by blocks of rows of C (whole multiples of 8 but the last) or, not by_rows, of columns.
@@ -106,7 +107,7 @@ def split_sgemm(c, a, ta, lda, b, tb, ldb, m, n, k, parts, by_rows):
             _sgemm(ta, tb, m, hi - lo, k, pa, lda, at, ldb, pc + lo * _F, n)
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def stacked_sgemm(pc, pa, ta, lda, sa, pb, tb, ldb, sb, m, n, k, count, parts):
     """C_i := op(A_i) @ op(B_i) for the `count` matrices of a stack, in `parts` runs of consecutive
     matrices on numba's threads, one sgemm call each: C_i (m, n) C-contiguous from the address pc,

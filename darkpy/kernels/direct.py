@@ -24,11 +24,10 @@ Like im2col these compute Darknet's cross-correlation.
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import prange
 
-from . import PARALLEL_MIN, simd, vjit
+from . import PARALLEL_MIN, njit, simd, vjit
 from .bn import affine_act_row
 from .pool2x2 import no_pool, pool_pair, pool_rows
 
@@ -40,10 +39,10 @@ PARALLEL_MIN_TAPS = 32
 #: Output positions per row block (rows of Lw values): its planes and sums stay in the L1/L2 caches.
 BLOCK_POSITIONS = 1024
 
-_jit = numba.njit(cache=True, nogil=True, inline="always")
+_jit = njit(cache=True, nogil=True, inline="always")
 #: A helper of both twins that a parallel caller must not inline (see
 #: `direct_wgrad._weight_grad_parts`).
-_serial = numba.njit(cache=True, nogil=True)
+_serial = njit(cache=True, nogil=True)
 
 
 #: Most filters for which the direct forward beat im2col + GEMM (single core, float32): 1.1-1.6x
@@ -469,7 +468,7 @@ def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act,
                 pool_rows(p[b, f, oy0 // 2:(oy0 + n) // 2], out[0, f])
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+@njit(cache=True, nogil=True, fastmath={"contract"})
 def _conv_forward_serial(y, x, w, sy, sx, pad, rows, k, off, act, p):
     lw, nblk, npf, nacc = _forward_plan(y, w, sy, sx, rows)
     pf = _planes(y, npf)
@@ -478,7 +477,7 @@ def _conv_forward_serial(y, x, w, sy, sx, pad, rows, k, off, act, p):
         _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p)
 
 
-@numba.njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
+@njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
 def _conv_forward_parallel(y, x, w, sy, sx, pad, rows, k, off, act, p):
     lw, nblk, npf, nacc = _forward_plan(y, w, sy, sx, rows)
     for t in prange(y.shape[0] * nblk):

@@ -32,11 +32,10 @@ Like `direct.py` this computes Darknet's cross-correlation.
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import prange
 
-from . import PARALLEL_MIN, simd, vjit
+from . import PARALLEL_MIN, njit, simd, vjit
 from .activations import LEAKY, LINEAR, RELU
 from .microgemm import fma2
 from .bn import affine_act_row
@@ -154,10 +153,10 @@ def supports(c: int, n: int, k: int, groups: int, dilation: int, positions: int,
             and max(c, n) * k * k <= TRAINING_MAX_TAPS)
 
 
-_jit = numba.njit(cache=True, nogil=True, inline="always")
+_jit = njit(cache=True, nogil=True, inline="always")
 #: The microkernel is compiled on its own and called, not inlined: inlined into a parallel caller
 #: `direct._forward_block3` ran 2x slower.
-_serial = numba.njit(cache=True, nogil=True)
+_serial = njit(cache=True, nogil=True)
 
 
 def padded_filters(n: int) -> int:
@@ -165,7 +164,7 @@ def padded_filters(n: int) -> int:
     return -(-n // FV) * FV
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def filters_last(wt, w):
     """wt (c·k·k · padded_filters(n),) := w (n, c, k, k) in blocks of FV filters: the block of
     filters f0.. starts at `block_at(f0, taps)` and holds, tap after tap, the tap's FV weights
@@ -457,7 +456,7 @@ def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_
 # Twins, as in direct.py: the parallel one's prange loops. Sharing their set-up through a helper
 # (the source as a conditional expression, the padding loop over a conditional range) made the
 # parallel twin 7x slower (digits' 32 -> 64 layer at b64 0.7 -> 5.2 ms on one thread).
-@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+@njit(cache=True, nogil=True, fastmath={"contract"})
 def _forward_serial(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_bytes, prefetch):
     plane, wp, toff, pos = _tables(x, k, sy, sx, pad, oh, ow)
     B, C = x.shape[0], x.shape[1]
@@ -474,7 +473,7 @@ def _forward_serial(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_b
               prefetch)
 
 
-@numba.njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
+@njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
 def _forward_parallel(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_bytes,
                       prefetch):
     plane, wp, toff, pos = _tables(x, k, sy, sx, pad, oh, ow)
@@ -603,7 +602,7 @@ def _wgrad_unit(dw, src, item, dt, npad, S, B, toff, pos, u, tgroups):
             dw[f0 + f, t0 + j] += out[j * FV + f]
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+@njit(cache=True, nogil=True, fastmath={"contract"})
 def _wgrad_serial(dw, x, d, k, sy, sx, pad):
     src, plane, wp, dt, npad, toff, pos = _wgrad_tables(x, d, k, sy, sx, pad)
     for b in range(x.shape[0]):
@@ -614,7 +613,7 @@ def _wgrad_serial(dw, x, d, k, sy, sx, pad):
                     tgroups)
 
 
-@numba.njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
+@njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
 def _wgrad_parallel(dw, x, d, k, sy, sx, pad):
     src, plane, wp, dt, npad, toff, pos = _wgrad_tables(x, d, k, sy, sx, pad)
     for b in prange(x.shape[0]):

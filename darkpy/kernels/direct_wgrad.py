@@ -7,21 +7,20 @@ count gives the same result), whose partial sums are then added in order.
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import prange
 
-from . import PARALLEL_MIN
+from . import PARALLEL_MIN, njit
 from .direct import FILTERS_PER_PASS, _fill, _four, _jit, _run, _serial
 
 #: Groups of row blocks whose weight-gradient partial sums are added in order at the end.
 WGRAD_GROUPS = 16
 #: The weight gradient's dot products may be reassociated: that is what lets them vectorise.
 _fast = {"reassoc", "contract"}
-_pjit = numba.njit(cache=True, nogil=True, parallel=True)
+_pjit = njit(cache=True, nogil=True, parallel=True)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_fast)   # not inlined: it would lose fastmath
+@njit(cache=True, nogil=True, fastmath=_fast)   # not inlined: it would lose fastmath
 def _wgrad_block(pw, pf, dd, d, b, oy0, rows, sy, sx, lw):
     """pw (N, C, k, k) += the weight gradient over output rows oy0..oy0+rows−1 of item b, from the
     block's planes pf and the delta d (B, N, OH, OW); dd: scratch of N·rows·lw values."""
@@ -53,7 +52,7 @@ def _wgrad_block(pw, pf, dd, d, b, oy0, rows, sy, sx, lw):
                     pw[f, c, ky, kx] += s0
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_fast)
+@njit(cache=True, nogil=True, fastmath=_fast)
 def _wgrad_filters3(pw, pf, dd, f0, C, R, sy, sx, lw, M):
     """`_wgrad_block`'s dot products of 3x3 filters f0..f0+3 (those below N): per channel and
     kernel row, the three taps' runs are read once for the four filters' deltas (1.5x faster
@@ -101,7 +100,7 @@ def _add_row(pw, f, c, ky, s0, s1, s2):
         pw[f, c, ky, 2] += s2
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _wgrad_group(pw, x, d, g, ngroups, sy, sx, pad, rows):
     """Group g of `conv_weight_grad`: its share of the (item, row block) units, into pw."""
     B, N, OH, OW = d.shape
@@ -136,7 +135,7 @@ def _add_parts(dw, part):
         dw += part[g]
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _weight_grad_serial(dw, x, d, sy, sx, pad, rows):
     part = _weight_grad_parts(dw, d, rows)     # the same partial sums as in parallel
     for g in range(part.shape[0]):

@@ -1,0 +1,64 @@
+"""The kernels' on-disk cache is keyed on every darkpy source file that holds or calls kernels, not
+only on the kernel's own file (darkpy/kernels/__init__.py: `njit`): a kernel whose file did not
+change but whose inlined helpers (another file) did is compiled again, not loaded stale.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import darkpy.kernels as kernels
+from darkpy.kernels import bn, direct, direct_fv, pool2x2
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_kind_of_kernel_carries_the_sources_fingerprint():
+    """`jit`, `vjit`, `pjit` and the modules' own `njit(...)` flags: numba's cache object of each
+    holds the key (this fails, rather than caching stale code quietly, if numba renames it)."""
+    for kernel in (pool2x2.max4, bn.affine_act_row, direct._conv_forward_parallel,
+                   direct_fv._forward_serial, direct_fv._tile8):
+        stamp = kernel._cache._cache_file._source_stamp
+        assert isinstance(stamp, tuple) and stamp[1] == kernels.sources_fingerprint(), kernel
+
+
+def test_the_fingerprint_follows_kernel_sources_only(tmp_path):
+    pkg = tmp_path / "darkpy"
+    shutil.copytree(ROOT / "darkpy", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    before = kernels.fingerprint(pkg)
+    assert before == kernels.sources_fingerprint()
+    (pkg / "notes.py").write_text("# no kernels here\n")
+    assert kernels.fingerprint(pkg) == before
+    helper = pkg / "kernels" / "pool2x2.py"
+    helper.write_text(helper.read_text() + "\n# changed\n")     # a helper other files inline
+    assert kernels.fingerprint(pkg) != before
+
+
+_RUN = """
+import sys
+import darkpy.kernels as kernels
+if sys.argv[1] != "-":
+    kernels.sources_fingerprint = lambda: sys.argv[1]       # as if another file had changed
+from darkpy.kernels import pool2x2
+pool2x2.max4(1.0, 2.0, 3.0, 4.0)
+print(sum(pool2x2.max4.stats.cache_hits.values()), sum(pool2x2.max4.stats.cache_misses.values()))
+"""
+
+
+def test_a_cached_kernel_is_compiled_again_when_other_kernel_sources_change(tmp_path):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+
+    def run(fp: str) -> tuple[int, int]:
+        done = subprocess.run([sys.executable, "-c", _RUN, fp], capture_output=True, text=True,
+                              env=env, cwd=ROOT, timeout=300)
+        assert done.returncode == 0, done.stderr
+        hits, misses = map(int, done.stdout.split())
+        return hits, misses
+
+    assert run("-") == (0, 1)              # compiled and cached
+    assert run("-") == (1, 0)              # loaded
+    assert run("other sources") == (0, 1)  # not loaded: compiled again
+    assert run("other sources") == (1, 0)
