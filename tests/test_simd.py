@@ -47,6 +47,7 @@ def _lanewise(out, a, b):
     simd.store(out, L, simd.sub(u, v))
     simd.store(out, 2 * L, simd.neg(u))
     simd.store(out, 3 * L, simd.mul(u, v))
+    simd.store_low(out, 4 * L, u)
 
 
 @numba.njit(cache=False)
@@ -66,10 +67,11 @@ def test_lanewise_operations_give_the_scalar_bits(dtype):
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal(L).astype(dtype), rng.standard_normal(L).astype(dtype)
     a[0], b[1] = 0.0, -0.0
-    out = np.empty(4 * L, dtype)
+    out = np.full(5 * L, 7, dtype)
     _lanewise(out, a, b)
-    for got, want in ((out[:L], a + b), (out[L:2 * L], a - b), (out[2 * L:3 * L], -a), (out[3 * L:], a * b)):
-        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    for got, want in ((out[:L], a + b), (out[L:2 * L], a - b), (out[2 * L:3 * L], -a), (out[3 * L:4 * L], a * b),
+                      (out[4 * L:], np.concatenate([a[:L // 2], np.full(L - L // 2, 7, dtype)]))):
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))   # store_low: half
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -135,19 +137,22 @@ def test_evens_odds_and_greater_or(dtype):
 
 @numba.njit(cache=False)
 def _pool_pairs(p, r0, r1, w):
-    """p[:w] := pool_pair of rows r0, r1; the scalar max4 of the same windows, as a second row."""
-    pool_pair(p[0, :w], r0, r1)
+    """p[:w] := pool_pair of rows r0, r1; the scalar max4 of the same windows, as the second row
+    (written first: a store past p[0, :w] would change it)."""
     for t in range(w):
         p[1, t] = max4(r0[2 * t], r0[2 * t + 1], r1[2 * t], r1[2 * t + 1])
+    pool_pair(p[0, :w], r0, r1)
 
 
-@pytest.mark.parametrize("w", [1, L - 1, L, L + 3, 3 * L])
-def test_pool_pair_is_max4_bit_for_bit(w):
-    """The vector 2x2 maxima equal `max4`'s window by window, in bits: ties of signed zeros keep
-    the first, a NaN in the first position stays, a NaN elsewhere loses; rows longer than 2w."""
+@pytest.mark.parametrize("w", [1, L // 2, L // 2 + 1, L - 1, L, L + 3, L + L // 2, 3 * L])
+@pytest.mark.parametrize("slack", [0, 3])
+def test_pool_pair_is_max4_bit_for_bit(w, slack):
+    """The vector 2x2 maxima (whole and half vectors) equal `max4`'s window by window, in bits:
+    ties of signed zeros keep the first, a NaN in the first position stays, a NaN elsewhere loses;
+    rows of exactly 2w values and longer."""
     rng = np.random.default_rng(w)
     for dtype in (np.float32, np.float64):
-        r0, r1 = (rng.integers(-2, 3, 2 * w + 3).astype(dtype) for _ in range(2))
+        r0, r1 = (rng.integers(-2, 3, 2 * w + slack).astype(dtype) for _ in range(2))
         r0[rng.random(r0.shape) < 0.2] = -0.0
         r1[rng.random(r1.shape) < 0.2] = np.nan
         r0[rng.random(r0.shape) < 0.1] = np.nan

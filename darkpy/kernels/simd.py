@@ -8,7 +8,7 @@ plain value, so LLVM keeps a kernel's few vectors in registers across a whole lo
 register-blocked microkernel (kernels/direct.py: 4 filters x 16 positions in 8 accumulators).
 
 Inside a kernel only: `load(a, i)` (a[i:i+LANES] of a 1-D C-contiguous array), `store(a, i, v)`,
-`get(a, i)` (the scalar a[i]),
+`store_low(a, i, v)` (v's first LANES/2 lanes at a[i:]), `get(a, i)` (the scalar a[i]),
 `zero(a)` (a vector of a's dtype), `fma(acc, s, v)` (acc + s·v per lane, rounded once: LLVM's
 fma, one instruction where the CPU has FMA), `add(u, v)`, `sub(u, v)`, `mul(u, v)`, `neg(v)` (per
 lane, IEEE: each lane the bits of the scalar operation), `widen(v)` (as float64), `cast_like(a, v)`
@@ -16,7 +16,7 @@ lane, IEEE: each lane the bits of the scalar operation), `widen(v)` (as float64)
 else u's), `greater_or(v, u)` (v's lane where it is > u's, else u's), `evens(u, v)` and
 `odds(u, v)` (the even or odd lanes of u then of v: a row's every other value), `splat(v, s)` (s in
 every lane of a vector like v) and `lane(v, i)`.
-**load, store and get check no bounds**: the caller guarantees a[i:i+LANES] lies inside the
+**load, store, store_low and get check no bounds**: the caller guarantees a[i:i+LANES] lies inside the
 array. float32 is the real work, float64 the gradient checks (the same source, like every kernel
 here). LANES is the float32 width of the widest vector
 register of the CPU numba compiles for (`_lanes`): 16 where it has AVX-512F, else 8; float64 and
@@ -96,6 +96,24 @@ def store(typingctx, a, i, v):
     def codegen(context, builder, sig, args):
         ptr = _address(context, builder, sig.args[0], args[0], args[1])
         builder.store(args[2], ptr, align=sig.args[0].dtype.bitwidth // 8)
+        return context.get_dummy_value()
+    return types.void(a, i, v), codegen
+
+
+@intrinsic
+def store_low(typingctx, a, i, v):
+    """a[i:i+LANES//2] = v's first LANES/2 lanes (no bounds check): half a vector, one store."""
+    if not (_float_array(a) and isinstance(i, types.Integer) and isinstance(v, Vector)
+            and v.dtype == a.dtype):
+        return None
+
+    def codegen(context, builder, sig, args):
+        half = LANES // 2
+        low = builder.shuffle_vector(args[2], args[2], ir.Constant(ir.VectorType(_I32, half),
+                                                                    list(range(half))))
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        ptr = builder.bitcast(builder.gep(data, [args[1]], inbounds=True), low.type.as_pointer())
+        builder.store(low, ptr, align=sig.args[0].dtype.bitwidth // 8)
         return context.get_dummy_value()
     return types.void(a, i, v), codegen
 
