@@ -8,7 +8,8 @@ plain value, so LLVM keeps a kernel's few vectors in registers across a whole lo
 register-blocked microkernel (kernels/direct.py: 4 filters x 16 positions in 8 accumulators).
 
 Inside a kernel only: `load(a, i)` (a[i:i+LANES] of a 1-D C-contiguous array), `store(a, i, v)`,
-`store_low(a, i, v)` (v's first LANES/2 lanes at a[i:]), `get(a, i)` (the scalar a[i]),
+`store_low(a, i, v)` (v's first LANES/2 lanes at a[i:]), `get(a, i)` (the scalar a[i], of an
+integer array too),
 `zero(a)` (a vector of a's dtype), `fma(acc, s, v)` (acc + s·v per lane, rounded once: LLVM's
 fma, one instruction where the CPU has FMA), `add(u, v)`, `sub(u, v)`, `mul(u, v)`, `neg(v)` (per
 lane, IEEE: each lane the bits of the scalar operation), `widen(v)` (as float64), `cast_like(a, v)`
@@ -120,9 +121,11 @@ def store_low(typingctx, a, i, v):
 
 @intrinsic
 def get(typingctx, a, i):
-    """a[i], a scalar (no bounds check and no wraparound of a negative i: numba's indexing tests
-    the sign of every index, which in a microkernel's inner loop costs more than the load)."""
-    if not (_float_array(a) and isinstance(i, types.Integer)):
+    """a[i], a scalar of a float or integer array (no bounds check and no wraparound of a negative
+    i: numba's indexing tests the sign of every index, which in a microkernel's inner loop costs
+    more than the load)."""
+    if not (isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C"
+            and isinstance(a.dtype, (types.Float, types.Integer)) and isinstance(i, types.Integer)):
         return None
 
     def codegen(context, builder, sig, args):
