@@ -268,6 +268,44 @@ def test_fused_epilogue_same_bits_as_the_separate_pass(monkeypatch, bn, activati
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+def _max4_pool(y):
+    """The 2x2 stride-2 maxima of y (B, N, H, W) in `max4`'s order: a later value wins only when
+    greater (ties keep the first, a NaN first stays, a NaN later loses)."""
+    a, b, c, d = y[:, :, 0::2, 0::2], y[:, :, 0::2, 1::2], y[:, :, 1::2, 0::2], y[:, :, 1::2, 1::2]
+    best = a.copy()
+    for v in (b, c, d):
+        best = np.where(v > best, v, best)
+    return best
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 8, 8, 40), (64, 16, 8, 8, 32), (3, 32, 4, 4, 64),
+                                   (2, 8, 12, 16, 20)])
+@pytest.mark.parametrize("act", [fv.LEAKY, fv.RELU, fv.LINEAR])
+def test_pooled_output_is_the_pool_of_the_output_bit_for_bit(shape, act):
+    """With a pooled output the kernel writes the 2x2 maxima of what it writes without (float32,
+    the epilogue on the tiles), NaNs and ties included, and leaves y alone; elsewhere it refuses."""
+    B, C, H, W, N = shape
+    rng = np.random.default_rng(B + C + N)
+    x = rng.uniform(-1, 1, (B, C, H, W)).astype(np.float32)
+    x[0, 0, 1, 2] = np.nan                                  # NaNs in a few windows
+    w = rng.uniform(-0.3, 0.3, (N, C, 3, 3)).astype(np.float32)
+    w[:, :, 0, 0] = 0                                       # ties: equal values in some windows
+    kk, off = rng.uniform(0.5, 1.5, N), rng.uniform(-0.2, 0.2, N)
+    y = _run(x, w, 1, 1, 1, kk, off, act)
+    wt = np.empty(C * 9 * fv.padded_filters(N), np.float32)
+    fv.filters_last(wt, w)
+    pool = np.full((B, N, H // 2, W // 2), 7, np.float32)
+    untouched = np.full_like(y, 5)
+    fv.conv_forward(untouched, x, wt, 3, 1, 1, 1, kk, off, act, pool=pool)
+    np.testing.assert_array_equal(pool.view(np.uint32), _max4_pool(y).view(np.uint32))
+    assert (untouched == 5).all()
+    with pytest.raises(ValueError, match="pooled"):          # no epilogue: it would pool raw sums
+        fv.conv_forward(untouched, x, wt, 3, 1, 1, 1, pool=pool)
+    with pytest.raises(ValueError, match="pooled"):          # float64
+        fv.conv_forward(untouched.astype(np.float64), x.astype(np.float64), wt.astype(np.float64),
+                        3, 1, 1, 1, kk, off, act, pool=pool.astype(np.float64))
+
+
 def test_which_layers_take_it(monkeypatch):
     """MIN_POSITIONS to MAX_POSITIONS output positions per item; no groups or dilation; inferring,
     at most MAX_TAPS taps per filter; training, stride 1, padding at most k − 1 and at most

@@ -1,6 +1,6 @@
 """A convolution that writes the [maxpool] after it (`outputs_plan.fuse_pools`, inference with shared
 outputs only): the same bits as the two layers run apart, on the direct and the Winograd paths, in
-float32 and float64, serial and parallel kernels; and fused only where the convolution's output is
+float32 and float64, serial and parallel kernels, and on the direct path across filters; and fused only where the convolution's output is
 read by the maxpool alone and the pool is an aligned 2x2 one.
 """
 from __future__ import annotations
@@ -90,6 +90,27 @@ def test_fused_pools_give_the_same_bits(dtype, s, batch, bn, act):
     net.unshare_outputs()
     assert not any(getattr(l, "pool_into", None) or getattr(l, "pooled_by", None) for l in net.layers)
     np.testing.assert_array_equal(net.forward(x), ref)
+
+
+@pytest.mark.parametrize("dtype,batch,bn,act", [
+    (np.float32, 1, 1, "leaky"), (np.float32, 64, 0, "relu"), (np.float32, 3, 1, "linear"),
+    (np.float32, 2, 1, "mish"), (np.float64, 2, 1, "leaky")])
+def test_direct_across_filters_writes_its_pool_too(dtype, batch, bn, act):
+    """On a 16x16 input the second convolution (16 -> 40 on 8x8) takes the direct path across
+    filters (kernels/direct_fv.py): it writes its pool in float32 with linear, leaky or relu (the
+    epilogue on its tiles), the same bits as the two layers apart; otherwise the pool runs."""
+    net = _net(16, bn, act, batch, dtype)
+    x = np.random.default_rng(2).uniform(-1, 1, net.input.shape).astype(dtype)
+    ref = net.forward(x).copy()
+    want = net.layers[3].output.copy()
+    net.share_outputs(keep=[3])
+    assert net.layers[2].direct_fv
+    fused = dtype == np.float32 and act != "mish"
+    assert (net.layers[2].pool_into is net.layers[3]) is fused
+    net._arena[...] = np.nan
+    for _ in range(2):
+        np.testing.assert_array_equal(net.forward(x), ref)
+        np.testing.assert_array_equal(net.layers[3].output, want)
 
 
 def test_fused_only_where_the_pool_alone_reads_the_convolution():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels import activations as act
 from ..kernels import direct_fv as fv
 
 
@@ -38,11 +39,18 @@ class DirectFvConv:
         super().weights_changed()
         self._kept_wt = None
 
-    def _forward_fv(self, x, y, epilogue: tuple) -> None:
+    def _forward_fv(self, x, y, epilogue: tuple, pool=None) -> None:
         """y (B, n, oh, ow) := the correlation of x (B, c, h, w), then `epilogue` (see
-        `inference_epilogue`) when not empty."""
+        `inference_epilogue`) when not empty; with `pool`, its 2x2 maxima written there instead
+        (`_fv_writes_pooled`)."""
         fv.conv_forward(y, x, self.filters_last(), self.size, self.stride_y, self.stride_x,
-                        self.padding, *epilogue)
+                        self.padding, *epilogue, pool=pool)
+
+    def _fv_writes_pooled(self) -> bool:
+        """Whether this path's inference forward can write a following 2x2 maxpool
+        (`fv.writes_pooled`)."""
+        return self.direct_fv and fv.writes_pooled(
+            self.dtype, act.kernel_code(self.act, self.dtype), self.out_shape[1] * self.out_shape[2])
 
     def _backward_fv(self, x, d, prev) -> None:
         """weights.grad += the weight gradient of the delta d (B, n, oh, ow) (w.r.t. the raw

@@ -333,9 +333,12 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
         """Whether an inference forward can write the output of `pool`, a [maxpool] reading this
         layer's output (`outputs_plan.fuse_pools`): the Winograd and direct paths, which finish
         each block of output themselves, into a 2x2 stride-2 pool of an even-sized map of at least
-        POOLED_MIN_POSITIONS."""
-        return ((self.winograd or self.direct) and FUSED_EPILOGUE and pool.halves_2x2()
-                and self.out_shape[1] * self.out_shape[2] >= POOLED_MIN_POSITIONS)
+        POOLED_MIN_POSITIONS; the direct path across filters where it can (`_fv_writes_pooled`)."""
+        if not (FUSED_EPILOGUE and pool.halves_2x2()):
+            return False
+        return ((self.winograd or self.direct)
+                and self.out_shape[1] * self.out_shape[2] >= POOLED_MIN_POSITIONS
+                or self._fv_writes_pooled())
 
     def _use_winograd(self, batch: int) -> bool:
         """Winograd for this batch: a shape it computes (`winograd_tiles`) with enough output tiles
@@ -463,7 +466,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
                             *self._epilogue(s.train),
                             pool=pool)
         if self.direct_fv:
-            self._forward_fv(x, y.reshape(self.batch, self.n, oh, ow), self._epilogue(s.train))
+            self._forward_fv(x, y.reshape(self.batch, self.n, oh, ow), self._epilogue(s.train), pool)
         wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
         if self.rows_gemm:
             blas.matmul(x.reshape(self.batch, -1), wmat[0].T, out=y.reshape(self.batch, self.n))
