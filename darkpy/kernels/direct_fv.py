@@ -21,7 +21,9 @@ across filters instead, as ONNX Runtime's NCHWc convolutions do, while the tenso
 - the input is read in place when the layer has no padding, else from zero-padded copies of the
   items' planes made once per call;
 - each unit (item, FV filters, a run of positions) scatters its tiles into the NCHW output and
-  applies bias / batch norm and the activation to what it wrote (the inference epilogue);
+  applies bias / batch norm and the activation to what it wrote (the inference epilogue); or,
+  when a 2x2 [maxpool] alone reads the output (float32 inference), keeps the map's tiles and
+  writes their maxima to the pool's output (`writes_pooled`);
 - training: the weight gradient (`weight_grad`) runs the same way with the delta transposed to
   filters last as the vectors and the input broadcast, FV filters x 6 taps per microkernel summed
   over the whole batch (one unit per block: the same bits at any thread count); the input gradient
