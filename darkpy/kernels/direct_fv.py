@@ -41,7 +41,7 @@ from . import PARALLEL_MIN, njit, simd, vjit
 from .activations import LEAKY, LINEAR, RELU
 from .microgemm import fma2
 from .bn import affine_act_row
-from .pool2x2 import no_pool
+from .pool2x2 import max4v, no_pool
 
 #: Filters per microkernel: two vectors.
 FV = 2 * simd.LANES
@@ -419,16 +419,16 @@ def _scatter8(y, b, f0, nf, p0, tile):
 def _pool_run(p, b, f0, nf, run, pt):
     """p[b, f0:f0+nf] := the 2x2 stride-2 maxima of a whole map's tiles after the epilogue, run
     (positions x FV filters, filters last, from position 0): FV filters at a time, in vectors,
-    each window's four values compared in `max4`'s order (`simd.greater_or`, as
-    kernels/pool2x2.py: the same bits, ties and NaNs); pt: scratch of FV values."""
+    each window's four values compared in `max4`'s order (`max4v`: the same bits, ties and NaNs);
+    pt: scratch of FV values."""
     ow = 2 * p.shape[3]
     for py in range(p.shape[2]):
         for px in range(p.shape[3]):
             q = (2 * py * ow + 2 * px) * FV
             for h in range(0, FV, simd.LANES):
-                best = simd.greater_or(simd.load(run, q + FV + h), simd.load(run, q + h))
-                best = simd.greater_or(simd.load(run, q + ow * FV + h), best)
-                simd.store(pt, h, simd.greater_or(simd.load(run, q + (ow + 1) * FV + h), best))
+                simd.store(pt, h, max4v(simd.load(run, q + h), simd.load(run, q + FV + h),
+                                        simd.load(run, q + ow * FV + h),
+                                        simd.load(run, q + (ow + 1) * FV + h)))
             for f in range(nf):
                 p[b, f0 + f, py, px] = pt[f]
 

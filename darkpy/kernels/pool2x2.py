@@ -28,6 +28,14 @@ def max4(a, b, c, d):
 
 
 @jit(inline="always")
+def max4v(a, b, c, d):
+    """`max4` lane by lane on four vectors (`simd.greater_or`): the same bits, ties and NaNs."""
+    best = simd.greater_or(b, a)
+    best = simd.greater_or(c, best)
+    return simd.greater_or(d, best)
+
+
+@jit(inline="always")
 def pool_pair(p, r0, r1):
     """p (w,) = the 2x2 stride-2 maxima of the two rows r0, r1 (2w+ values; the extra columns are
     left out), all three 1-D C-contiguous: LANES maxima at a time while 2·LANES values of both rows
@@ -42,14 +50,12 @@ def pool_pair(p, r0, r1):
     for t in range(0, n, simd.LANES):
         a0, a1 = simd.load(r0, 2 * t), simd.load(r0, 2 * t + simd.LANES)
         b0, b1 = simd.load(r1, 2 * t), simd.load(r1, 2 * t + simd.LANES)
-        best = simd.greater_or(simd.odds(a0, a1), simd.evens(a0, a1))
-        best = simd.greater_or(simd.evens(b0, b1), best)
-        simd.store(p, t, simd.greater_or(simd.odds(b0, b1), best))
+        simd.store(p, t, max4v(simd.evens(a0, a1), simd.odds(a0, a1), simd.evens(b0, b1),
+                               simd.odds(b0, b1)))
     if p.shape[0] - n >= simd.LANES // 2 and min(r0.shape[0], r1.shape[0]) >= 2 * n + simd.LANES:
         a, b = simd.load(r0, 2 * n), simd.load(r1, 2 * n)      # half a vector of maxima
-        best = simd.greater_or(simd.odds(a, a), simd.evens(a, a))
-        best = simd.greater_or(simd.evens(b, b), best)
-        simd.store_low(p, n, simd.greater_or(simd.odds(b, b), best))
+        simd.store_low(p, n, max4v(simd.evens(a, a), simd.odds(a, a), simd.evens(b, b),
+                                   simd.odds(b, b)))
         n += simd.LANES // 2
     for t in range(n, p.shape[0]):
         p[t] = max4(r0[2 * t], r0[2 * t + 1], r1[2 * t], r1[2 * t + 1])
