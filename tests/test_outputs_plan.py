@@ -268,3 +268,112 @@ def test_a_fused_pool_never_shares_memory_with_the_convolutions_input():
     assert not np.shares_memory(net.layers[0].output, pool.output)
     assert outputs_plan.born(net.layers)[2] == 1
     assert np.allclose(net.predict(x), ref, rtol=1e-5, atol=1e-6)
+
+
+# yolov4-tiny's pattern, smaller: a route of half a layer's channels (AlexeyAB's groups), routes of
+# two layers, a layer that two routes of several parts read (only the first hosts it), a route of a
+# whole layer, and one naming a layer twice
+ROUTES = """
+[net]
+width=16
+height=16
+channels=3
+[convolutional]
+filters=8
+size=3
+pad=1
+activation=leaky
+[route]
+layers=-1
+groups=2
+group_id=1
+[convolutional]
+filters=4
+size=3
+pad=1
+activation=leaky
+[convolutional]
+filters=4
+size=3
+pad=1
+activation=leaky
+[route]
+layers=-1,-2
+[convolutional]
+filters=8
+size=1
+activation=leaky
+[route]
+layers=-6,-1
+[route]
+layers=-2,-1
+[route]
+layers=-3
+[route]
+layers=-1,-1
+[convolutional]
+filters=3
+size=1
+activation=linear
+"""
+
+
+def _route_network(batch):
+    net = network_from_text(ROUTES, batch=batch)
+    x = np.random.default_rng(0).random((batch, 3, 16, 16), dtype=np.float32)
+    net.forward(x)
+    ref = [layer.output.copy() for layer in net.layers]
+    return net, x, ref
+
+
+def test_routes_at_batch_1_are_written_in_place_and_give_the_same_outputs():
+    """At batch 1 the sources of a route write into its output (their outputs are views of it) and
+    a route of part of one layer is a view of that part: the routes copy only the parts that could
+    not be placed, and the outputs are the unshared network's, bit for bit, with the arena full of
+    NaN first and the plan made twice (set_batch)."""
+    net, x, ref = _route_network(1)
+    net.share_outputs()
+    net.set_batch(1)
+    L = net.layers
+    assert [L[i].in_place for i in (1, 4, 6, 7, 8, 9)] == [
+        [True], [True, True], [True, True], [False, True], [True], [False, False]]
+    # layers 0 and 5 write route 6's output, which route 7's second part holds (its first, layer 5
+    # again, is copied); route 1 views layer 0's second half, route 8 layer 5
+    assert np.shares_memory(L[0].output, L[6].output) and np.shares_memory(L[5].output, L[6].output)
+    assert np.shares_memory(L[1].output, L[0].output[:, 4:]) and not np.shares_memory(L[1].output, L[0].output[:, :4])
+    assert np.shares_memory(L[3].output, L[4].output) and np.shares_memory(L[2].output, L[4].output)
+    assert np.shares_memory(L[7].output[:, 8:], L[6].output)
+    assert not np.shares_memory(L[7].output[:, :8], L[5].output)
+    assert L[8].output.base is not None and np.shares_memory(L[8].output, L[5].output)
+    net._arena[...] = np.nan
+    net.forward(x)
+    assert np.array_equal(L[-1].output, ref[-1])
+    for i in (0, 5, 6, 7, 8, 9):      # every route's sources stay readable until its last reader
+        assert np.array_equal(L[i].output, ref[i]), i
+
+
+def test_routes_at_a_larger_batch_view_only_whole_layers():
+    """At batch 2 an item's part is not contiguous in the batch: only the route of one whole layer
+    is a view; the others copy, and the outputs are the same."""
+    net, x, ref = _route_network(2)
+    net.share_outputs()
+    L = net.layers
+    assert [L[i].in_place for i in (1, 4, 6, 7, 8, 9)] == [
+        [False], [False, False], [False, False], [False, False], [True], [False, False]]
+    assert L[8].output.base is not None and np.shares_memory(L[8].output, L[5].output)
+    net._arena[...] = np.nan
+    net.forward(x)
+    assert np.array_equal(L[-1].output, ref[-1])
+    net.unshare_outputs()
+    assert not any(any(L[i].in_place) for i in (1, 4, 6, 7, 8, 9))
+    net.forward(x)
+    assert np.array_equal(L[-1].output, ref[-1])
+
+
+def test_route_views_off_copies_every_part(monkeypatch):
+    monkeypatch.setattr(outputs_plan, "ROUTE_VIEWS", False)
+    net, x, ref = _route_network(1)
+    net.share_outputs()
+    assert not any(any(layer.in_place) for layer in net.layers if layer.kind == "route")
+    net.forward(x)
+    assert np.array_equal(net.layers[-1].output, ref[-1])

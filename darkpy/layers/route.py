@@ -11,6 +11,10 @@ contiguous chunks of its flat output (for an image: a block of whole channels).
 
 Backward ADDS each slice of this layer's delta into its source's delta: a source read by several
 layers receives the sum of all their gradients.
+
+In inference with shared outputs (`Network.share_outputs`, darkpy/outputs_plan.py) a part may be
+written in place: its source's output is then a view of that part of this layer's output (or this
+layer's output a view of its one source's), and the forward copies only the other parts.
 """
 from __future__ import annotations
 
@@ -72,6 +76,7 @@ class RouteLayer(Layer):
         self.groups = groups
         self.group_id = group_id
         self.parts: list[int] = []      # values taken from each source, per item
+        self.in_place: list[bool] = []  # parts the source writes straight into the output
         super().__init__(index, in_shape, self._route_shape(), dtype)
 
     @classmethod
@@ -111,13 +116,21 @@ class RouteLayer(Layer):
         self.in_shape = tuple(in_shape)
         self.out_shape = self._route_shape()
 
+    def allocate(self, batch: int) -> None:
+        super().allocate(batch)
+        self.in_place = [False] * len(self.refs)
+
+    def source_parts(self) -> list[tuple[int, int, int]]:
+        """(source layer, first value, values) of each part of an item's output, in order."""
+        return [(i, part * self.group_id, part) for i, part in zip(self.refs, self.parts)]
+
     def forward(self, s: State) -> None:
         out = self.output.reshape(self.batch, -1)
         offset = 0
-        for i, part in zip(self.refs, self.parts):
-            src = s.layers[i].output.reshape(self.batch, -1)
-            start = part * self.group_id
-            copy_parts(out[:, offset:offset + part], src[:, start:start + part], False)
+        for (i, start, part), in_place in zip(self.source_parts(), self.in_place):
+            if not in_place:
+                src = s.layers[i].output.reshape(self.batch, -1)
+                copy_parts(out[:, offset:offset + part], src[:, start:start + part], False)
             offset += part
 
     def backward(self, s: State) -> None:
