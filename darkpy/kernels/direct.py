@@ -82,9 +82,9 @@ MID_MIN_POSITIONS = 32 * 32
 #: path is im2col + GEMM (Winograd takes stride 1 only). Against it, yolov4-tiny's 32 -> 64 from
 #: 208x208 (the suite's only such layer), within the network's forward (2 threads, 2-core AVX-512
 #: Xeon): 3.56 -> 2.46 ms at b1, 27.4 -> 19.7 ms at b8; the whole forward alternating in one
-#: process 0.95x the time at b1, 0.96x at b8. (Eight filters per pass, as stride 1 over more than
-#: 4 channels takes, measured no faster here.) Training keeps the GEMM: the direct weight gradient
-#: was not measured at stride 2 over 32 channels.
+#: process 0.95x the time at b1, 0.96x at b8 (four filters per pass then; eight since,
+#: `_pass3_stride2`). Training keeps the GEMM: the direct weight gradient was not measured at
+#: stride 2 over 32 channels.
 MID_STRIDE_2 = True
 SMALL_MIN_POSITIONS = 8 * 8
 SMALL_MAX_BATCH_POSITIONS = 64 * 64
@@ -244,7 +244,8 @@ def _store3(a, j, s0, s1, s2):
 #: Xeon VM (AVX-512), 2 threads, min of 7-15 calls alternating in one process: tiny.cfg's 16 -> 128
 #: on 56x56 and 16 -> 32 on 112x112 at b64 0.89-0.90x the time, yolov4-tiny's 32 -> 32 on 104x104
 #: at b8 0.90x, shapes-tiny's 16 -> 32 on 64x64 at b64 0.93x, at b1 (with its maxpool) 0.87x. First
-#: layers (1-3 channels) keep four: eight measured level to 1.09x there.
+#: layers (1-3 channels) keep four at stride 1: eight measured level to 1.09x there. Stride 2 takes
+#: as many at any channel count (`_pass3_stride2`).
 FILTERS_3X3 = 8 if simd.LANES == 16 else 4
 
 
@@ -301,10 +302,59 @@ def _sums3(acc, pf, w, f0, rows, sy, sx, lw):
             return FILTERS_3X3
         _pass3(acc, pf, w, f0, rows, 1, 1, lw, 4)
     elif sy == 2 and sx == 2:
-        _pass3(acc, pf, w, f0, rows, 2, 2, lw, 4)
+        _pass3_stride2(acc, pf, w, f0, rows, lw, FILTERS_3X3)
+        return FILTERS_3X3
     else:
         _pass3(acc, pf, w, f0, rows, sy, sx, lw, 4)
     return 4
+
+
+@_jit
+def _tap(sa, sb, pf, w, fa, fb, c, ky, kx, a, width):
+    """Tap (c, ky, kx), its run at pf[a], added into the sums of the filters fa (and, for eight
+    filters, fb): three position vectors loaded once for all of them."""
+    v0 = simd.load(pf, a)
+    v1 = simd.load(pf, a + simd.LANES)
+    v2 = simd.load(pf, a + 2 * simd.LANES)
+    sa = _taps4(sa, w, fa, c, ky, kx, v0, v1, v2)
+    if width == 8:
+        sb = _taps4(sb, w, fb, c, ky, kx, v0, v1, v2)
+    return sa, sb
+
+
+@_jit
+def _pass3_stride2(acc, pf, w, f0, rows, lw, width):
+    """`_pass3` at stride 2, its nine taps written out: each at a fixed offset from the channel's
+    first plane (phase planes (qy, qx) one `plane` apart in the order (0,0), (0,1), (1,0), (1,1);
+    the kernel's third row and column one plane row and one value on). The loop form of `_pass3`
+    at eight filters computed the offsets in the loop and ran no faster than four filters; written
+    out, eight filters (each tap's three loads shared by twice the FMAs) took yolov4-tiny's 32 -> 64
+    from 208x208 at b1 alone (2 threads, 2-core AVX-512 Xeon, min of 9 alternating calls) 2.19 ->
+    1.86 ms, its first layer (3 -> 32 from 416x416) 0.75 -> 0.66 ms; the same bits."""
+    N, C = w.shape[0], w.shape[1]
+    plane = (rows + 2) * lw
+    M = _steps(rows * lw)
+    fa, fb = _four(f0, N), _four(f0 + 4, N)
+    q01, q10, q11 = plane, 2 * plane, 3 * plane
+    for j in range(0, M, STEP):
+        z = simd.zero(acc)
+        sa = (z, z, z, z, z, z, z, z, z, z, z, z)
+        sb = sa
+        a = j
+        for c in range(C):
+            sa, sb = _tap(sa, sb, pf, w, fa, fb, c, 0, 0, a, width)
+            sa, sb = _tap(sa, sb, pf, w, fa, fb, c, 0, 1, a + q01, width)
+            sa, sb = _tap(sa, sb, pf, w, fa, fb, c, 0, 2, a + 1, width)
+            sa, sb = _tap(sa, sb, pf, w, fa, fb, c, 1, 0, a + q10, width)
+            sa, sb = _tap(sa, sb, pf, w, fa, fb, c, 1, 1, a + q11, width)
+            sa, sb = _tap(sa, sb, pf, w, fa, fb, c, 1, 2, a + q10 + 1, width)
+            sa, sb = _tap(sa, sb, pf, w, fa, fb, c, 2, 0, a + lw, width)
+            sa, sb = _tap(sa, sb, pf, w, fa, fb, c, 2, 1, a + q01 + lw, width)
+            sa, sb = _tap(sa, sb, pf, w, fa, fb, c, 2, 2, a + lw + 1, width)
+            a += 4 * plane
+        _store12(acc, 0, M, j, sa)
+        if width == 8:
+            _store12(acc, 4, M, j, sb)
 
 
 @_jit
