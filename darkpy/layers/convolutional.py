@@ -33,6 +33,7 @@ from ..kernels import direct as dk
 from ..kernels import direct_wgrad as dwg
 from ..kernels import direct_fv as fv
 from ..kernels import im2col as ic
+from ..kernels import pointwise as pw
 from ..kernels import winograd as wg
 from ..memory import param_ones, param_zeros
 from .base import Layer, Param, State, fmt_shape, register
@@ -90,6 +91,9 @@ DIRECT_INPUT_GRAD = True
 #: ones) take the direct convolution vectorised across filters (kernels/direct_fv.py) in the
 #: forward pass and both gradients, before every other path. False: never.
 DIRECT_FV = True
+#: 1x1 layers of a network that will only infer take the fused 1x1 kernel (kernels/pointwise.py)
+#: where it pays (`pw.supports`), before every other path. False: never.
+POINTWISE = True
 
 #: Keys that switch on behaviour darkpy does not implement; a non-zero value is an error.
 UNSUPPORTED_KEYS = {
@@ -170,6 +174,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
         self.winograd = False
         self.direct = False
         self.direct_fv = False
+        self.pointwise = False
         self._kept_wt = None                        # direct_fv's filters_last layout, once made
         self._wt_flipped = np.zeros((0,), self.dtype)   # ... and its input gradient's
         self.wchunk = 1
@@ -283,21 +288,27 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
         self.wgrad_tmp = np.zeros((0,), self.dtype)
         ic.reserve(self.chunk * (rows + ng) * cols, self.dtype)
         self._kept_wt = None
-        self.direct_fv = DIRECT_FV and self._fv_applies(self.inference_only, batch)
-        self.direct = not self.direct_fv and self._direct_applies(batch, self.inference_only)
-        self.winograd = not (self.direct or self.direct_fv) and self._use_winograd(batch)
+        self.pointwise = POINTWISE and pw.supports(
+            self.in_shape[0], self.n, self.size, max(self.stride_x, self.stride_y), self.padding,
+            self.groups, self.dilation, cols, batch, self.inference_only, self.dtype)
+        self.direct_fv = (not self.pointwise and DIRECT_FV
+                          and self._fv_applies(self.inference_only, batch))
+        self.direct = (not (self.pointwise or self.direct_fv)
+                       and self._direct_applies(batch, self.inference_only))
+        self.winograd = (not (self.direct or self.direct_fv or self.pointwise)
+                         and self._use_winograd(batch))
         # a 1x1 layer on a 1x1 map (a classifier's last layer) is a connected layer: one GEMM of the
         # batch's rows, (B, c) @ Wᵀ, straight from the input into the output (instead of B GEMVs:
         # darknet.cfg's 1024 -> 1000 at b64 ran at 55 GFLOP/s)
         self.rows_gemm = (batch > 1 and self.is_gemm_only and cols == 1 and self.groups == 1
-                          and not (self.direct or self.direct_fv))
+                          and not (self.direct or self.direct_fv or self.pointwise))
         if self.rows_gemm:
             ic.reserve(batch * rows, self.dtype)        # backward's input gradient
         # the forward's GEMM path in one stacked GEMM over the whole batch (what `_chunks` yields
         # then, without its generator and slicing: digits' forward at batch 1 0.95x the time in one
         # in-process A/B, no difference measurable on larger networks)
         self.one_gemm = (not (self.direct or self.direct_fv or self.winograd or self.rows_gemm
-                              or self.wide)
+                              or self.wide or self.pointwise)
                          and self.groups == 1 and self.chunk >= batch)
         self._kept_u = None
         self.pool_into = None
@@ -312,8 +323,8 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
         the direct convolutions), or () for the separate pass. While the weights are fixed
         (`inference_only`) made at the first call after `allocate` or `weights_changed` and kept
         (digits' forward at b1 spent ~2.5 µs a layer making it)."""
-        self._fused = ((self.winograd or self.direct or self.direct_fv) and not train
-                       and FUSED_EPILOGUE)
+        self._fused = ((self.winograd or self.direct or self.direct_fv or self.pointwise)
+                       and not train and FUSED_EPILOGUE)
         if not self._fused:
             return ()
         if self._kept_epilogue is not None:
@@ -467,12 +478,16 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
                             pool=pool)
         if self.direct_fv:
             self._forward_fv(x, y.reshape(self.batch, self.n, oh, ow), self._epilogue(s.train), pool)
+        elif self.pointwise:
+            pw.conv_forward(y, x.reshape(self.batch, self.in_shape[0], -1),
+                            self.weights.value.reshape(self.n, -1), *self._epilogue(s.train))
         wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
         if self.rows_gemm:
             blas.matmul(x.reshape(self.batch, -1), wmat[0].T, out=y.reshape(self.batch, self.n))
         elif self.one_gemm:                 # `_chunks`' one block, unsliced (never with Winograd/direct)
             blas.matmul(wmat[0], self._columns(x), out=y)
-        done = self.winograd or self.direct or self.direct_fv or self.rows_gemm or self.one_gemm
+        done = (self.winograd or self.direct or self.direct_fv or self.pointwise or self.rows_gemm
+                or self.one_gemm)
         for items, j, cin, fout in ([] if done else self._chunks()):
             col = self._columns(x[items, cin])
             yg = y[items, fout]

@@ -1,0 +1,152 @@
+"""1x1 stride-1 unpadded convolutions in inference: each item's product W (N, C) @ x (C, P) on the
+8-row microkernel (microgemm.rows8x2: eight filters x two vectors of positions in sixteen
+accumulators), straight from the NCHW input into the NCHW output, with the inference epilogue
+(bias / batch norm, activation) applied to each unit's rows as soon as they are written.
+
+The GEMM path calls OpenBLAS once per item (or, for up to 32 filters, `gemm.stacked`) and then
+makes a separate pass over the whole output for the epilogue. For a 1x1 layer over few channels
+the product is short in K: OpenBLAS packs both operands for little work, and the separate pass
+reads back an output that has left the caches. Here a unit is one item's run of positions: for
+each panel of CV positions the C x CV input values stay in the L1 cache while every block of eight
+filters reads them, and the unit's rows go through the epilogue while they are in the L2 cache.
+
+Where it pays (`supports`), each layer within its network's forward (2 threads, 2-core AVX-512
+Xeon, median of 20-40 forwards), against the path it took: shapes-tiny's 128 -> 64, 128 -> 27 and
+64 -> 32 on 8x8 at b64 0.81-0.85x the time (the direct path across filters), its 64 -> 27 on 16x16
+0.90x (GEMM); resnet50's 64 -> 64, 256 -> 64 and 64 -> 256 on 56x56 at b1 0.69x, 0.83x and 0.90x.
+The whole forwards, processes alternating with the commit before: shapes-tiny at b64 0.985x the
+time; resnet50, yolov4-tiny, darknet19 and tiny.cfg at b1 and digits at b64 level (within 2 %).
+It lost over 512 channels or more (alone 1.1-1.4x the time: the GEMM's packed panels win once K
+is long), with many weights (MAX_WEIGHTS) and on a large batch of large maps, whose inputs come
+from memory (tiny.cfg's 128 -> 32 on 28x28 at b64 alone 1.4x).
+
+Each output is summed over the channels in order (OpenBLAS sums in its own order); the epilogue is
+`affine_act_row`, as in the separate pass: an output differs from the GEMM path's only by rounding.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+from . import njit, simd
+from .bn import affine_act_row
+from .microgemm import CV, rows8x1, rows8x2
+
+#: Most input channels (K): the panel of C x CV input values a unit's filter blocks share stays
+#: in the L1 cache (256 channels: 32 KB).
+MAX_CHANNELS = 256
+#: Most weights (N x C): every panel streams all of them. Within the networks' forwards at b1 (2
+#: threads, 2-core AVX-512 Xeon) resnet50's 256 -> 1024 on 14x14 (256K weights) took 0.73 ms here
+#: against 0.53 on the GEMM, yolov4-tiny's 256 -> 255 and 256 -> 256 on 26x26 (64K) ran level to
+#: 1.05x, its 256 -> 128 on 13x13 (32K) 0.87x.
+MAX_WEIGHTS = 1 << 15
+#: Most output positions in the batch (batch x map): a batch-1 map of any size, a batch-64 one of
+#: up to 16x16.
+MAX_BATCH_POSITIONS = 1 << 14
+#: Fewest output positions per item (one vector) and fewest filters (one block of eight).
+MIN_POSITIONS = simd.LANES
+MIN_FILTERS = 8
+#: Positions ahead of the panel being computed whose input lines each panel prefetches (a run's
+#: next-but-one panels): the input rows of a long map are C separate streams. Without it,
+#: yolov4-tiny's 64 -> 64 on 104x104 at b1 1.02x the time.
+PREFETCH = 2 * CV
+#: Multiply-adds below which the forward runs on one thread: digits' 64 -> 10 on 4x4 at b64 (0.66M)
+#: took 57 µs on one thread and 24 on two.
+PARALLEL_MIN_MACS = 1 << 16
+
+_jit = njit(cache=True, nogil=True, inline="always")
+
+
+def supports(c: int, n: int, k: int, stride: int, pad: int, groups: int, dilation: int,
+             positions: int, batch: int, inference_only: bool, dtype) -> bool:
+    """Layers this path takes: 1x1, stride 1, unpadded, ungrouped, float32, in a network that will
+    only infer, with MIN_FILTERS or more filters over at most MAX_CHANNELS channels (at most
+    MAX_WEIGHTS weights), MIN_POSITIONS
+    or more positions per item and at most MAX_BATCH_POSITIONS in the batch, on AVX-512 (the
+    microkernel's sixteen accumulators are all of AVX2's registers)."""
+    return (inference_only and k == 1 and stride == 1 and pad == 0 and groups == 1
+            and dilation == 1 and np.dtype(dtype) == np.float32 and simd.LANES == 16
+            and n >= MIN_FILTERS and c <= MAX_CHANNELS and n * c <= MAX_WEIGHTS
+            and positions >= MIN_POSITIONS
+            and batch * positions <= MAX_BATCH_POSITIONS)
+
+
+@_jit
+def _panel_tail(yb, xb, w1, N, C, P, v, width, tile, xt):
+    """Positions v..v+width−1 (fewer than a vector: the map's last) of every filter, through
+    zero-padded scratch: the input's columns into xt (C x CV), the sums into tile (8 x CV)."""
+    for c in range(C):
+        for j in range(CV):
+            xt[c * CV + j] = xb[c * P + v + j] if j < width else 0.0
+    for r8 in range(0, N, 8):
+        r = min(r8, N - 8)
+        rows8x2(tile, 0, CV, w1, r * C, C, xt, 0, CV, 0, C, False)
+        for i in range(8):
+            for j in range(width):
+                yb[(r + i) * P + v + j] = tile[i * CV + j]
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def _unit(y, x, w, k, off, act, b, p0, p1, tile, xt):
+    """Item b's positions p0..p1−1 of every filter: y[b, :, p0:p1] := w @ x[b, :, p0:p1], then
+    act(·k + off) row by row when k is not empty. Blocks of eight filters; with N not a multiple
+    of 8 the last block starts at N − 8 (its first rows computed twice, the same values)."""
+    N, P = y.shape[1], y.shape[2]
+    C = x.shape[1]
+    yb, xb, w1 = y[b].reshape(N * P), x[b].reshape(C * P), w.reshape(N * C)
+    for v in range(p0, p1, CV):
+        if v + PREFETCH < p1:
+            for c in range(C):
+                simd.prefetch(xb, c * P + v + PREFETCH)
+                simd.prefetch(xb, c * P + v + PREFETCH + simd.LANES)
+        width = p1 - v
+        if width >= CV:
+            for r8 in range(0, N, 8):
+                r = min(r8, N - 8)
+                rows8x2(yb, r * P + v, P, w1, r * C, C, xb, v, P, 0, C, False)
+        elif width >= simd.LANES:
+            for r8 in range(0, N, 8):
+                r = min(r8, N - 8)
+                rows8x1(yb, r * P + v, P, w1, r * C, C, xb, v, P, 0, C, False)
+            if width > simd.LANES:
+                _panel_tail(yb, xb, w1, N, C, P, v + simd.LANES, width - simd.LANES, tile, xt)
+        else:
+            _panel_tail(yb, xb, w1, N, C, P, v, width, tile, xt)
+    if k.shape[0]:
+        for f in range(N):
+            affine_act_row(y[b, f, p0:p1], k[f], off[f], act)
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def _forward_serial(y, x, w, k, off, act, cols):
+    runs = -(-y.shape[2] // cols)
+    for u in range(y.shape[0] * runs):
+        tile, xt = np.empty(8 * CV, y.dtype), np.empty(x.shape[1] * CV, y.dtype)
+        p0 = (u % runs) * cols
+        _unit(y, x, w, k, off, act, u // runs, p0, min(p0 + cols, y.shape[2]), tile, xt)
+
+
+@njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
+def _forward_parallel(y, x, w, k, off, act, cols):
+    runs = -(-y.shape[2] // cols)
+    for u in prange(y.shape[0] * runs):
+        tile, xt = np.empty(8 * CV, y.dtype), np.empty(x.shape[1] * CV, y.dtype)
+        p0 = (u % runs) * cols
+        _unit(y, x, w, k, off, act, u // runs, p0, min(p0 + cols, y.shape[2]), tile, xt)
+
+
+_NO_AFFINE = np.empty(0)
+
+
+def conv_forward(y, x, w, k=_NO_AFFINE, off=_NO_AFFINE, act=0):
+    """y (B, N, P) := w (N, C) @ x[b] (C, P) for each item b (C-contiguous, float32, N >= 8), then
+    act(y·k[f] + off[f]) for each filter f when k, off (N,) float64 are given (the inference
+    epilogue). Units of work are runs of an item's positions, whole vectors of CV, at least four
+    per thread when the batch has fewer items; serial below PARALLEL_MIN_MACS multiply-adds."""
+    B, N, P = y.shape
+    threads = numba.get_num_threads()
+    runs = max(1, -(-4 * threads // B))
+    cols = max(CV, -(-P // runs // CV) * CV)
+    serial = threads == 1 or y.size * x.shape[1] < PARALLEL_MIN_MACS
+    (_forward_serial if serial else _forward_parallel)(y, x, w, k, off, act, cols)
