@@ -379,12 +379,7 @@ def _pass3(acc, pf, w, f0, rows, sy, sx, lw, width):
                 row = (c * sy + ky % sy) * sx * plane + (ky // sy) * lw + j
                 for kx in range(3):
                     a = row + (kx % sx) * plane + kx // sx      # tap (c, ky, kx)'s run, at j
-                    v0 = simd.load(pf, a)
-                    v1 = simd.load(pf, a + simd.LANES)
-                    v2 = simd.load(pf, a + 2 * simd.LANES)
-                    sa = _taps4(sa, w, fa, c, ky, kx, v0, v1, v2)
-                    if width == 8:
-                        sb = _taps4(sb, w, fb, c, ky, kx, v0, v1, v2)
+                    sa, sb = _tap(sa, sb, pf, w, fa, fb, c, ky, kx, a, width)
         _store12(acc, 0, M, j, sa)
         if width == 8:
             _store12(acc, 4, M, j, sb)

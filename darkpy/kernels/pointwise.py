@@ -118,22 +118,26 @@ def _unit(y, x, w, k, off, act, b, p0, p1, tile, xt):
             affine_act_row(y[b, f, p0:p1], k[f], off[f], act)
 
 
+@_jit
+def _run(y, x, w, k, off, act, cols, runs, u):
+    """Unit u of the runs of `cols` positions (`_unit`), with its own scratch."""
+    tile, xt = np.empty(8 * CV, y.dtype), np.empty(x.shape[1] * CV, y.dtype)
+    p0 = (u % runs) * cols
+    _unit(y, x, w, k, off, act, u // runs, p0, min(p0 + cols, y.shape[2]), tile, xt)
+
+
 @njit(cache=True, nogil=True, fastmath={"contract"})
 def _forward_serial(y, x, w, k, off, act, cols):
     runs = -(-y.shape[2] // cols)
     for u in range(y.shape[0] * runs):
-        tile, xt = np.empty(8 * CV, y.dtype), np.empty(x.shape[1] * CV, y.dtype)
-        p0 = (u % runs) * cols
-        _unit(y, x, w, k, off, act, u // runs, p0, min(p0 + cols, y.shape[2]), tile, xt)
+        _run(y, x, w, k, off, act, cols, runs, u)
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
 def _forward_parallel(y, x, w, k, off, act, cols):
     runs = -(-y.shape[2] // cols)
     for u in prange(y.shape[0] * runs):
-        tile, xt = np.empty(8 * CV, y.dtype), np.empty(x.shape[1] * CV, y.dtype)
-        p0 = (u % runs) * cols
-        _unit(y, x, w, k, off, act, u // runs, p0, min(p0 + cols, y.shape[2]), tile, xt)
+        _run(y, x, w, k, off, act, cols, runs, u)
 
 
 _NO_AFFINE = np.empty(0)
