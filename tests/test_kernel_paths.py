@@ -16,7 +16,7 @@ from darkpy.kernels import activations as A
 from darkpy.kernels import bn as bnk
 from darkpy.kernels import im2col as ic
 from darkpy.layers import recurrent as R
-from darkpy.layers.shortcut import shortcut_add_act
+from darkpy.layers.shortcut import shortcut_add_act, shortcut_prefix_add_act
 from darkpy.layers.softmax import softmax_forward
 from darkpy.layers.upsample import upsample_forward
 from darkpy.layers.yolo import yolo_activate
@@ -136,6 +136,31 @@ def test_shortcut_fused_pass_matches_numpy(name, keep_pre, size):
     if keep_pre:
         assert np.array_equal(pre, z)
     assert_close(out, _act_ref(z, a), 1e-6, 1e-7, name)
+
+
+@pytest.mark.parametrize("name,keep_pre", [("leaky", False), ("linear", False), ("logistic", False),
+                                           ("swish", True)])
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_shortcut_prefix_pass_matches_numpy(name, keep_pre, size):
+    """A `from` of fewer values per item (its overlap a prefix of each item): the prefix gets
+    act(alpha*prev + beta*add), the rest act(prev) unscaled, on both branches; the pre-activation
+    kept when asked."""
+    a = A.code(name)
+    B = 3
+    N = SMALL if size == "small" else act_large(a, PARALLEL_MIN_FLAT) // B
+    n = N // 3 + 5                                     # not a multiple of any block
+    rng = np.random.default_rng(6)
+    prev = rng.standard_normal((B, N)).astype(np.float32)
+    add = rng.standard_normal((B, n + 7)).astype(np.float32)    # longer than the overlap
+    alpha, beta = np.float32(0.5), np.float32(1.5)
+    out = np.full((B, N), np.nan, np.float32)
+    pre = np.full((B, N if keep_pre else 0), np.nan, np.float32)
+    shortcut_prefix_add_act(out, pre, prev, add, alpha, beta, a, keep_pre, n)
+    z = prev.copy()
+    z[:, :n] = alpha * prev[:, :n] + beta * add[:, :n]     # float32 arithmetic, as Darknet's
+    if keep_pre:
+        assert np.array_equal(pre, z)
+    assert_close(out.reshape(-1), _act_ref(z.reshape(-1), a), 1e-6, 1e-7, name)
 
 
 # -- heads and wiring ------------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ def test_which_layers_take_it():
     for change in ({"inference_only": False}, {"k": 3}, {"stride": 2}, {"pad": 1}, {"groups": 2},
                    {"dilation": 2}, {"dtype": np.float64}, {"n": 7}, {"c": 257},
                    {"c": 256, "n": 256},                # past MAX_WEIGHTS
-                   {"positions": 15}, {"positions": 784, "batch": 64}):
+                   {"positions": 15}, {"positions": 784, "batch": 64}, {"positions": 3136}):
         assert not pw.supports(**{**ok, **change}), change
 
 

@@ -13,12 +13,12 @@ filters reads them, and the unit's rows go through the epilogue while they are i
 Where it pays (`supports`), each layer within its network's forward (2 threads, 2-core AVX-512
 Xeon, median of 20-40 forwards), against the path it took: shapes-tiny's 128 -> 64, 128 -> 27 and
 64 -> 32 on 8x8 at b64 0.81-0.85x the time (the direct path across filters), its 64 -> 27 on 16x16
-0.90x (GEMM); resnet50's 64 -> 64, 256 -> 64 and 64 -> 256 on 56x56 at b1 0.69x, 0.83x and 0.90x.
-The whole forwards, processes alternating with the commit before: shapes-tiny at b64 0.985x the
-time; resnet50, yolov4-tiny, darknet19 and tiny.cfg at b1 and digits at b64 level (within 2 %).
-It lost over 512 channels or more (alone 1.1-1.4x the time: the GEMM's packed panels win once K
-is long), with many weights (MAX_WEIGHTS) and on a large batch of large maps, whose inputs come
-from memory (tiny.cfg's 128 -> 32 on 28x28 at b64 alone 1.4x).
+0.90x (GEMM). The whole forwards, alternating with the path off: shapes-tiny at b64 0.985x the
+time, at b1 0.96x; digits at b1 and b64, yolov4-tiny, darknet19 and tiny.cfg at b1 level (within
+2 %). It lost over 512 channels or more (alone 1.1-1.4x the time: the GEMM's packed panels win
+once K is long), with many weights (MAX_WEIGHTS), on large maps (MAX_POSITIONS) and on a large
+batch of large maps, whose inputs come from memory (tiny.cfg's 128 -> 32 on 28x28 at b64 alone
+1.4x).
 
 Each output is summed over the channels in order (OpenBLAS sums in its own order); the epilogue is
 `affine_act_row`, as in the separate pass: an output differs from the GEMM path's only by rounding.
@@ -41,8 +41,10 @@ MAX_CHANNELS = 256
 #: against 0.53 on the GEMM, yolov4-tiny's 256 -> 255 and 256 -> 256 on 26x26 (64K) ran level to
 #: 1.05x, its 256 -> 128 on 13x13 (32K) 0.87x.
 MAX_WEIGHTS = 1 << 15
-#: Most output positions in the batch (batch x map): a batch-1 map of any size, a batch-64 one of
-#: up to 16x16.
+#: Most output positions per item, and in the batch (batch x map): at b64 maps of up to 16x16.
+#: Larger maps lost within the networks' forwards even where the layer alone gained: resnet50's
+#: forward at b1 (its 1x1 layers on 56x56 here) 1.03x the time, alternating in one process.
+MAX_POSITIONS = 1 << 10
 MAX_BATCH_POSITIONS = 1 << 14
 #: Fewest output positions per item (one vector) and fewest filters (one block of eight).
 MIN_POSITIONS = simd.LANES
@@ -62,13 +64,13 @@ def supports(c: int, n: int, k: int, stride: int, pad: int, groups: int, dilatio
              positions: int, batch: int, inference_only: bool, dtype) -> bool:
     """Layers this path takes: 1x1, stride 1, unpadded, ungrouped, float32, in a network that will
     only infer, with MIN_FILTERS or more filters over at most MAX_CHANNELS channels (at most
-    MAX_WEIGHTS weights), MIN_POSITIONS
-    or more positions per item and at most MAX_BATCH_POSITIONS in the batch, on AVX-512 (the
+    MAX_WEIGHTS weights), MIN_POSITIONS to MAX_POSITIONS positions per item and at most
+    MAX_BATCH_POSITIONS in the batch, on AVX-512 (the
     microkernel's sixteen accumulators are all of AVX2's registers)."""
     return (inference_only and k == 1 and stride == 1 and pad == 0 and groups == 1
             and dilation == 1 and np.dtype(dtype) == np.float32 and simd.LANES == 16
             and n >= MIN_FILTERS and c <= MAX_CHANNELS and n * c <= MAX_WEIGHTS
-            and positions >= MIN_POSITIONS
+            and MIN_POSITIONS <= positions <= MAX_POSITIONS
             and batch * positions <= MAX_BATCH_POSITIONS)
 
 

@@ -103,6 +103,56 @@ def _add_act_span(out, pre, prev, add, alpha, beta, a, keep_pre):
     act.activate_span(out, a)
 
 
+@jit
+def _act_span(out, pre, prev, a, keep_pre):
+    """out, prev: (n,); out = act(prev) (`_add_act_span` without the add); pre: (n,) gets prev when
+    keep_pre."""
+    n = out.shape[0]
+    if a == act.LEAKY and not keep_pre:
+        for i in range(n):
+            v = prev[i]
+            out[i] = v if v > 0 else 0.1 * v
+        return
+    for i in range(n):
+        out[i] = prev[i]
+    if keep_pre:
+        for i in range(n):
+            pre[i] = out[i]
+    act.activate_span(out, a)
+
+
+@jit
+def _prefix_task(out, pre, prev, add, alpha, beta, a, keep_pre, n, t, nblk):
+    """Task t of `shortcut_prefix_add_act`: item t // nblk, its values in block t % nblk."""
+    b = t // nblk
+    lo = (t % nblk) * act.BLOCK
+    hi = min(out.shape[1], lo + act.BLOCK)
+    mid = min(max(lo, n), hi)           # [lo, mid) in the overlap, [mid, hi) past it
+    p = pre[b]                          # (empty without keep_pre)
+    if mid > lo:
+        _add_act_span(out[b, lo:mid], p[lo:mid], prev[b, lo:mid], add[b, lo:mid], alpha, beta, a,
+                      keep_pre)
+    if hi > mid:
+        _act_span(out[b, mid:hi], p[mid:hi], prev[b, mid:hi], a, keep_pre)
+
+
+@pjit
+def shortcut_prefix_add_act(out, pre, prev, add, alpha, beta, a, keep_pre, n):
+    """out, prev: (B, N); add: (B, N1), N1 >= n; pre: (B, N) when keep_pre, else (B, 0). For each
+    item out[:n] = act(alpha*prev[:n] + beta*add[:n]) and out[n:] = act(prev[n:]): a shortcut of one
+    `from` whose overlap is a prefix of each item (fewer channels on the same map: ResNet's first
+    block of a stage) in ONE pass, as `shortcut_add_act`, instead of a copy, an add and an
+    activation. Parallel over (item, block) pairs, serial below `act.parallel_min` values."""
+    B, N = out.shape
+    nblk = (N + act.BLOCK - 1) // act.BLOCK
+    if B * N < act.parallel_min(a, PARALLEL_MIN_FLAT):
+        for t in range(B * nblk):
+            _prefix_task(out, pre, prev, add, alpha, beta, a, keep_pre, n, t, nblk)
+    else:
+        for t in prange(B * nblk):
+            _prefix_task(out, pre, prev, add, alpha, beta, a, keep_pre, n, t, nblk)
+
+
 @pjit
 def shortcut_add_act(out, pre, prev, add, alpha, beta, a, keep_pre):
     """out, prev, add: (n,), the whole batch flat, all of one shape; pre: (n,) receives the
@@ -256,6 +306,10 @@ class ShortcutLayer(ActivationBuffers, Layer):
             self.maps.append(m)
         #: one `from` of the output's own shape: forward is the single fused `shortcut_add_act`
         self.fused = len(self.sources) == 1 and tuple(self.sources[0].out_shape) == self.out_shape
+        #: ... or one whose overlap is a prefix of each item (fewer channels, the same map): the
+        #: values per item it adds, for the single pass `shortcut_prefix_add_act`; else 0
+        self.prefix = (self._flat(self.maps[0], self.sources[0])
+                       if len(self.sources) == 1 and not self.fused else 0)
 
     def resize(self, in_shape: Shape) -> None:
         self.in_shape = self.out_shape = tuple(in_shape)
@@ -277,6 +331,13 @@ class ShortcutLayer(ActivationBuffers, Layer):
             shortcut_add_act(self.output.reshape(-1), self.x.reshape(-1), s.input.reshape(-1),
                              s.layers[self.refs[0]].output.reshape(-1), self.dtype.type(self.alpha),
                              self.dtype.type(self.beta), self.act, self.x.size > 0)
+            return
+        if self.prefix:
+            shortcut_prefix_add_act(self.output.reshape(self.batch, -1),
+                                    self.x.reshape(self.batch, -1), s.input.reshape(self.batch, -1),
+                                    s.layers[self.refs[0]].output.reshape(self.batch, -1),
+                                    self.dtype.type(self.alpha), self.dtype.type(self.beta),
+                                    self.act, self.x.size > 0, self.prefix)
             return
         np.copyto(self.output, s.input.reshape(self.output.shape))
         out = self._chw(self.output, self.out_shape)
