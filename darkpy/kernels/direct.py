@@ -275,38 +275,48 @@ def _store12(acc, q, M, j, s):
 
 
 @_serial
-def _forward_block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw):
+def _forward_block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw, k, off, act, p):
     """`_forward_block` for 3x3 kernels, register-blocked: pass after pass of `_sums3`, each
-    written out."""
+    written out, or with a pooled output p, its rows' 2x2 maxima through the epilogue into p
+    (`_pool_out`). The one caller of `_sums3`, each call with an int64 first filter: a second call
+    site, and a first filter counted from a literal 0 (typed Literal[int](0) at first, then int64),
+    had compiled it four times (seconds each, of a cold start)."""
     N = w.shape[0]
     M = _steps(rows * lw)
-    f0 = 0
-    while f0 < N:
-        width = _sums3(acc, pf, w, f0, rows, sy, sx, lw)
+    width = _filters3(w.shape[1], sy, sx)
+    for f0 in range(0, N, width):
+        _sums3(acc, pf, w, f0, rows, sy, sx, lw)
         for q in range(0, width, 4):
-            _copy_out(y, acc, M, q, _four(f0 + q, N), b, oy0, rows, lw)
-        f0 += width
+            if p.shape[0]:
+                _pool_out(p, acc, M, q, _four(f0 + q, N), b, oy0, rows, lw, k, off, act)
+            else:
+                _copy_out(y, acc, M, q, _four(f0 + q, N), b, oy0, rows, lw)
+
+
+@_jit
+def _filters3(c, sy, sx):
+    """Filters per pass of `_sums3` over c channels at stride (sy, sx)."""
+    if (sy == 1 and sx == 1 and c > 4) or (sy == 2 and sx == 2):
+        return FILTERS_3X3
+    return 4
 
 
 @_serial
 def _sums3(acc, pf, w, f0, rows, sy, sx, lw):
-    """One pass of `_pass3` (the filters from f0) into acc: returns its filters. The strides of
+    """One pass of `_pass3` (the filters from f0, `_filters3` of them) into acc. The strides of
     most layers, and the filters per pass, are constants here: the taps' offsets fold at compile
     time (computed in the loop, they took registers the eight filters' accumulators need, which
-    then spilled: tiny.cfg's 16 -> 128 at b64 1.7x the time). Compiled on its own, once for both
-    of its callers (`_forward_block3`, and `_forward_unit` for `_pool_out`): each inlined copy of
-    the microkernels took seconds of a cold start."""
+    then spilled: tiny.cfg's 16 -> 128 at b64 1.7x the time). Compiled on its own: each inlined
+    copy of the microkernels took seconds of a cold start."""
     if sy == 1 and sx == 1:
         if w.shape[1] > 4:
             _pass3(acc, pf, w, f0, rows, 1, 1, lw, FILTERS_3X3)
-            return FILTERS_3X3
-        _pass3(acc, pf, w, f0, rows, 1, 1, lw, 4)
+        else:
+            _pass3(acc, pf, w, f0, rows, 1, 1, lw, 4)
     elif sy == 2 and sx == 2:
         _pass3_stride2(acc, pf, w, f0, rows, lw, FILTERS_3X3)
-        return FILTERS_3X3
     else:
         _pass3(acc, pf, w, f0, rows, sy, sx, lw, 4)
-    return 4
 
 
 @_jit
@@ -489,12 +499,7 @@ def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act,
     N, OW = y.shape[1], y.shape[3]
     _fill(pf, x, b, oy0, n, sy, sx, pad, w.shape[2], lw)
     if p.shape[0] and w.shape[2] == 3:
-        f0 = 0
-        while f0 < N:
-            width = _sums3(acc, pf, w, f0, n, sy, sx, lw)
-            for q in range(0, width, 4):
-                _pool_out(p, acc, _steps(n * lw), q, _four(f0 + q, N), b, oy0, n, lw, k, off, act)
-            f0 += width
+        _forward_block3(y, pf, acc, w, b, oy0, n, sy, sx, lw, k, off, act, p)
         return
     # the rows are written at (b, oy0) of y, or at (0, 0) of the scratch block
     if p.shape[0]:
@@ -502,7 +507,7 @@ def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act,
     else:
         out, bo, yo = y, b, oy0
     if w.shape[2] == 3:
-        _forward_block3(out, pf, acc, w, bo, yo, n, sy, sx, lw)
+        _forward_block3(out, pf, acc, w, bo, yo, n, sy, sx, lw, k, off, act, p)
     else:
         _forward_block(out, pf, acc, w, bo, yo, n, sy, sx, lw)
     if k.shape[0]:

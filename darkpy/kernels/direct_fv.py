@@ -391,9 +391,11 @@ def _epilogue_tile(tile, npos, kp, op, f0, act):
 
 @_serial               # on its own: in the parallel twin its array expressions were parallel regions
 def _padded(k, n):
-    """k (N,) float64 zero-padded to n values (empty when k is)."""
+    """k (N,) float64 zero-padded to n values (empty when k is). A loop: the slice assignment
+    `kp[:N] = k` took numba 2 s to compile (a cold start's)."""
     kp = np.zeros(n if k.shape[0] else 0, np.float64)
-    kp[:k.shape[0]] = k
+    for i in range(k.shape[0]):
+        kp[i] = k[i]
     return kp
 
 

@@ -75,18 +75,35 @@ def supports(c: int, n: int, k: int, stride: int, pad: int, groups: int, dilatio
 
 
 @_jit
-def _panel_tail(yb, xb, w1, N, C, P, v, width, tile, xt):
-    """Positions v..v+width−1 (fewer than a vector: the map's last) of every filter, through
-    zero-padded scratch: the input's columns into xt (C x CV), the sums into tile (8 x CV)."""
+def _tail_columns(xt, xb, C, P, v, width):
+    """xt (C x LANES) := the input's positions v..v+width−1 (fewer than a vector: the run's last),
+    zero-padded."""
     for c in range(C):
-        for j in range(CV):
-            xt[c * CV + j] = xb[c * P + v + j] if j < width else 0.0
-    for r8 in range(0, N, 8):
-        r = min(r8, N - 8)
-        rows8x2(tile, 0, CV, w1, r * C, C, xt, 0, CV, 0, C, False)
-        for i in range(8):
-            for j in range(width):
-                yb[(r + i) * P + v + j] = tile[i * CV + j]
+        for j in range(simd.LANES):
+            xt[c * simd.LANES + j] = xb[c * P + v + j] if j < width else 0.0
+
+
+@_jit
+def _tail(yb, xb, w1, N, C, P, v, width, tile, xt):
+    """Positions v..v+width−1 (fewer than CV: the run's last panel) of every filter, a vector at a
+    time (`rows8x1`); a last part of a vector through zero-padded scratch (xt: C x LANES inputs,
+    tile: 8 x LANES sums). One copy of each microkernel: a copy of both for the part of a vector
+    had taken seconds of a cold start."""
+    L = simd.LANES
+    for u in range(v, v + width, L):
+        part = min(L, v + width - u)
+        src, s0, sstep, dst, d0, dstep = xb, u, P, yb, u, P
+        if part < L:
+            _tail_columns(xt, xb, C, P, u, part)
+            src, s0, sstep, dst, d0, dstep = xt, 0, L, tile, 0, L
+        for r8 in range(0, N, 8):
+            r = min(r8, N - 8)
+            ro = r if part == L else 0
+            rows8x1(dst, ro * dstep + d0, dstep, w1, r * C, C, src, s0, sstep, 0, C, False)
+            if part < L:
+                for i in range(8):
+                    for j in range(part):
+                        yb[(r + i) * P + u + j] = tile[i * L + j]
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
@@ -102,19 +119,12 @@ def _unit(y, x, w, k, off, act, b, p0, p1, tile, xt):
             for c in range(C):
                 simd.prefetch(xb, c * P + v + PREFETCH)
                 simd.prefetch(xb, c * P + v + PREFETCH + simd.LANES)
-        width = p1 - v
-        if width >= CV:
+        if p1 - v >= CV:
             for r8 in range(0, N, 8):
                 r = min(r8, N - 8)
                 rows8x2(yb, r * P + v, P, w1, r * C, C, xb, v, P, 0, C, False)
-        elif width >= simd.LANES:
-            for r8 in range(0, N, 8):
-                r = min(r8, N - 8)
-                rows8x1(yb, r * P + v, P, w1, r * C, C, xb, v, P, 0, C, False)
-            if width > simd.LANES:
-                _panel_tail(yb, xb, w1, N, C, P, v + simd.LANES, width - simd.LANES, tile, xt)
         else:
-            _panel_tail(yb, xb, w1, N, C, P, v, width, tile, xt)
+            _tail(yb, xb, w1, N, C, P, v, p1 - v, tile, xt)
     if k.shape[0]:
         for f in range(N):
             affine_act_row(y[b, f, p0:p1], k[f], off[f], act)
@@ -123,7 +133,7 @@ def _unit(y, x, w, k, off, act, b, p0, p1, tile, xt):
 @_jit
 def _run(y, x, w, k, off, act, cols, runs, u):
     """Unit u of the runs of `cols` positions (`_unit`), with its own scratch."""
-    tile, xt = np.empty(8 * CV, y.dtype), np.empty(x.shape[1] * CV, y.dtype)
+    tile, xt = np.empty(8 * simd.LANES, y.dtype), np.empty(x.shape[1] * simd.LANES, y.dtype)
     p0 = (u % runs) * cols
     _unit(y, x, w, k, off, act, u // runs, p0, min(p0 + cols, y.shape[2]), tile, xt)
 
