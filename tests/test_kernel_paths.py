@@ -16,7 +16,7 @@ from darkpy.kernels import activations as A
 from darkpy.kernels import bn as bnk
 from darkpy.kernels import im2col as ic
 from darkpy.layers import recurrent as R
-from darkpy.layers.shortcut import shortcut_add_act, shortcut_prefix_add_act
+from darkpy.layers.shortcut import shortcut_prefix_add_act
 from darkpy.layers.softmax import softmax_forward
 from darkpy.layers.upsample import upsample_forward
 from darkpy.layers.yolo import yolo_activate
@@ -131,7 +131,7 @@ def test_shortcut_fused_pass_matches_numpy(name, keep_pre, size):
     prev, add = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     alpha, beta = np.float32(0.5), np.float32(1.5)
     out, pre = np.zeros(n, np.float32), np.zeros(n if keep_pre else 0, np.float32)
-    shortcut_add_act(out, pre, prev, add, alpha, beta, a, keep_pre)
+    shortcut_prefix_add_act(out[None], pre[None], prev[None], add[None], alpha, beta, a, keep_pre, n)
     z = alpha * prev + beta * add                      # float32 arithmetic, as Darknet's
     if keep_pre:
         assert np.array_equal(pre, z)

@@ -93,7 +93,8 @@ def _shortcut_args(kind):
     if kind == "backward":
         return a, b, _f32(2, 3, 4, 4, seed=2), 0.5, 1.0, 1, 1, 3, 4, 4
     if kind == "add_act":
-        return a.reshape(-1), a.reshape(-1), b.reshape(-1), b.reshape(-1), np.float32(1), np.float32(1), act.LEAKY, False
+        return (a.reshape(2, -1), np.zeros((2, 0), np.float32), b.reshape(2, -1), b.reshape(2, -1), np.float32(1), np.float32(1),
+                act.LEAKY, False, 48)
     if kind == "add_flat":
         return a.reshape(2, -1), b.reshape(2, -1), 1.0, 1.0, 48
     return a.reshape(2, -1), b.reshape(2, -1), _f32(2, 48, seed=2), 0.5, 1.0, 48
@@ -121,7 +122,7 @@ CASES = {
     "upsample backward": (upsample.upsample_backward, lambda: (np.zeros((2, 3, 4, 4), np.float32), _f32(2, 3, 8, 8), 2, 1.0)),
     "shortcut add": (shortcut.shortcut_add, lambda: _shortcut_args("add")),
     "shortcut backward": (shortcut.shortcut_backward, lambda: _shortcut_args("backward")),
-    "shortcut add+act": (shortcut.shortcut_add_act, lambda: _shortcut_args("add_act")),
+    "shortcut add+act": (shortcut.shortcut_prefix_add_act, lambda: _shortcut_args("add_act")),
     "shortcut add flat": (shortcut.shortcut_add_flat, lambda: _shortcut_args("add_flat")),
     "shortcut backward flat": (shortcut.shortcut_backward_flat, lambda: _shortcut_args("backward_flat")),
     "gru gates": (recurrent.gru_gates, lambda: _rnn_args(8)),

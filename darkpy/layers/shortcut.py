@@ -138,11 +138,13 @@ def _prefix_task(out, pre, prev, add, alpha, beta, a, keep_pre, n, t, nblk):
 
 @pjit
 def shortcut_prefix_add_act(out, pre, prev, add, alpha, beta, a, keep_pre, n):
-    """out, prev: (B, N); add: (B, N1), N1 >= n; pre: (B, N) when keep_pre, else (B, 0). For each
-    item out[:n] = act(alpha*prev[:n] + beta*add[:n]) and out[n:] = act(prev[n:]): a shortcut of one
-    `from` whose overlap is a prefix of each item (fewer channels on the same map: ResNet's first
-    block of a stage) in ONE pass, as `shortcut_add_act`, instead of a copy, an add and an
-    activation. Parallel over (item, block) pairs, serial below `act.parallel_min` values."""
+    """out, prev: (B, N); add: (B, N1), N1 >= n; pre: (B, N) when keep_pre, else (B, 0); alpha,
+    beta: scalars of the arrays' dtype. For each item out[:n] = act(alpha*prev[:n] + beta*add[:n])
+    and out[n:] = act(prev[n:]), pre the pre-activation: a shortcut of one `from` whose overlap is
+    a prefix of each item (n = N: the same shape, the common case; fewer channels on the same map:
+    ResNet's first block of a stage) in ONE pass over memory instead of a copy, an add and an
+    activation. Parallel over (item, block) pairs, serial below `act.parallel_min` values
+    (PARALLEL_MIN_FLAT for the cheap activations)."""
     B, N = out.shape
     nblk = (N + act.BLOCK - 1) // act.BLOCK
     if B * N < act.parallel_min(a, PARALLEL_MIN_FLAT):
@@ -151,24 +153,6 @@ def shortcut_prefix_add_act(out, pre, prev, add, alpha, beta, a, keep_pre, n):
     else:
         for t in prange(B * nblk):
             _prefix_task(out, pre, prev, add, alpha, beta, a, keep_pre, n, t, nblk)
-
-
-@pjit
-def shortcut_add_act(out, pre, prev, add, alpha, beta, a, keep_pre):
-    """out, prev, add: (n,), the whole batch flat, all of one shape; pre: (n,) receives the
-    pre-activation when keep_pre, else any array; alpha, beta: scalars of the arrays' dtype.
-    out = act(alpha*prev + beta*add): the common shortcut (one `from`, same shape) as ONE pass over
-    memory instead of a copy, an add and an activation. Serial below `act.parallel_min` values
-    (PARALLEL_MIN_FLAT for the cheap activations), else parallel over spans."""
-    n = out.shape[0]
-    if n < act.parallel_min(a, PARALLEL_MIN_FLAT):
-        _add_act_span(out, pre, prev, add, alpha, beta, a, keep_pre)
-        return
-    B = act.BLOCK
-    for k in prange((n + B - 1) // B):
-        lo = k * B
-        p = pre[lo:lo + B] if keep_pre else pre
-        _add_act_span(out[lo:lo + B], p, prev[lo:lo + B], add[lo:lo + B], alpha, beta, a, keep_pre)
 
 
 @jit
@@ -304,12 +288,10 @@ class ShortcutLayer(ActivationBuffers, Layer):
             if isinstance(m, str):
                 raise self.error(_mismatch(i, src.out_shape, self.index - 1, self.out_shape, m), "from")
             self.maps.append(m)
-        #: one `from` of the output's own shape: forward is the single fused `shortcut_add_act`
-        self.fused = len(self.sources) == 1 and tuple(self.sources[0].out_shape) == self.out_shape
-        #: ... or one whose overlap is a prefix of each item (fewer channels, the same map): the
-        #: values per item it adds, for the single pass `shortcut_prefix_add_act`; else 0
-        self.prefix = (self._flat(self.maps[0], self.sources[0])
-                       if len(self.sources) == 1 and not self.fused else 0)
+        #: one `from` whose overlap is a prefix of each item (of the output's own shape, or fewer
+        #: channels on the same map): the values per item it adds, for the single pass
+        #: `shortcut_prefix_add_act`; else 0
+        self.prefix = self._flat(self.maps[0], self.sources[0]) if len(self.sources) == 1 else 0
 
     def resize(self, in_shape: Shape) -> None:
         self.in_shape = self.out_shape = tuple(in_shape)
@@ -327,11 +309,6 @@ class ShortcutLayer(ActivationBuffers, Layer):
         return 0
 
     def forward(self, s: State) -> None:
-        if self.fused:
-            shortcut_add_act(self.output.reshape(-1), self.x.reshape(-1), s.input.reshape(-1),
-                             s.layers[self.refs[0]].output.reshape(-1), self.dtype.type(self.alpha),
-                             self.dtype.type(self.beta), self.act, self.x.size > 0)
-            return
         if self.prefix:
             shortcut_prefix_add_act(self.output.reshape(self.batch, -1),
                                     self.x.reshape(self.batch, -1), s.input.reshape(self.batch, -1),
