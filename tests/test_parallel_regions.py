@@ -46,7 +46,7 @@ def _direct_args(kind):
     if kind == "forward":
         pool = np.zeros((2, 4, 4, 4), np.float32)      # the pooled branch (even rows: 8x8)
         return np.zeros((2, 4, 8, 8), np.float32), x[:, :, :8].copy(), w, 1, 1, 1, 2, np.ones(4), \
-            np.zeros(4), 0, pool
+            np.zeros(4), 0, pool, 2
     return np.zeros_like(w), x, rng.standard_normal(y.shape).astype(np.float32), 1, 1, 1, rows
 
 

@@ -24,6 +24,7 @@ Like im2col these compute Darknet's cross-correlation.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import prange
 
@@ -136,13 +137,13 @@ def forward_rows(batch: int, oh: int, ow: int, k: int, sx: int) -> int:
     return min(rows, max(MIN_FORWARD_ROWS, -(-oh // -(-FORWARD_UNITS // batch))))
 
 
-@_jit
+@_serial
 def _fill(pf, x, b, oy0, rows, sy, sx, pad, k, lw):
     """`_fill_strided` with column strides 1 and 2 as constants: a row's every other value is
     gathered in vectors (`simd.evens`; as a constant-stride loop that the compiler vectorised, the
     planes took 37 % of shapes-tiny's first layer's forward at b16 on one thread; vectors: its
     forward at b64, 2 threads, 0.95x the time, yolov4-tiny's 32 -> 64 stride-2 layer's at b1
-    0.97x)."""
+    0.97x). Compiled on its own, once for the forward and the weight gradient."""
     if sx == 1:
         _fill_strided(pf, x, b, oy0, rows, sy, 1, pad, k, lw)
     elif sx == 2:
@@ -462,10 +463,6 @@ def _pool_out(p, acc, M, q, f, b, oy0, rows, lw, k, off, act):
             pool_pair(p[b, f[i], (oy0 + r) // 2], a[r * lw:], a[(r + 1) * lw:])
 
 
-# The serial and parallel versions are separate functions: in a `parallel=True` function every
-# array expression of the inlined helpers (`a0[:] = 0`, ...) outside a prange becomes a parallel
-# region of its own, so a small layer's "serial" branch woke the thread pool hundreds of times per
-# call (1.9 ms instead of 0.03 ms for digits' first layer at 2 threads).
 @_jit
 def _forward_plan(y, w, sy, sx, rows):
     """(lw, nblk, planes size, scratch size) of `conv_forward`'s row blocks; the planes with STEP
@@ -518,22 +515,39 @@ def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act,
                 pool_rows(p[b, f, oy0 // 2:(oy0 + n) // 2], out[0, f])
 
 
+# The serial and parallel versions are separate functions: in a `parallel=True` function every
+# array expression of the inlined helpers (`a0[:] = 0`, ...) outside a prange becomes a parallel
+# region of its own, so a small layer's "serial" branch woke the thread pool hundreds of times per
+# call (1.9 ms instead of 0.03 ms for digits' first layer at 2 threads).
+# The twins share `_forward_units`, compiled on its own: inlined into both, the parallel twin's
+# parfor passes over its whole body took 14 s of a cold start, and each twin compiled it anew.
+# Called once per thread (not once per unit: per call, its many array arguments cost digits'
+# first layer at b64 7 % of its time).
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def _conv_forward_serial(y, x, w, sy, sx, pad, rows, k, off, act, p):
+def _forward_units(y, x, w, sy, sx, pad, rows, k, off, act, p, lo, hi):
+    """Units lo..hi−1 of `conv_forward` (row blocks, t // nblk the item), with their scratch."""
     lw, nblk, npf, nacc = _forward_plan(y, w, sy, sx, rows)
     pf = _planes(y, npf)
     acc = np.empty(nacc, y.dtype)
-    for t in range(y.shape[0] * nblk):
+    for t in range(lo, hi):
         _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p)
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
-def _conv_forward_parallel(y, x, w, sy, sx, pad, rows, k, off, act, p):
-    lw, nblk, npf, nacc = _forward_plan(y, w, sy, sx, rows)
-    for t in prange(y.shape[0] * nblk):
-        pf = _planes(y, npf)
-        acc = np.empty(nacc, y.dtype)
-        _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p)
+@_serial
+def _conv_forward_serial(y, x, w, sy, sx, pad, rows, k, off, act, p, threads):
+    units = y.shape[0] * _forward_plan(y, w, sy, sx, rows)[1]
+    _forward_units(y, x, w, sy, sx, pad, rows, k, off, act, p, 0, units)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _conv_forward_parallel(y, x, w, sy, sx, pad, rows, k, off, act, p, threads):
+    """threads: numba's thread count (read in Python: `numba.get_num_threads()` in a kernel keeps
+    numba from caching it)."""
+    units = y.shape[0] * _forward_plan(y, w, sy, sx, rows)[1]
+    parts = min(threads, units)
+    for i in prange(parts):     # as prange's own static split of the units
+        _forward_units(y, x, w, sy, sx, pad, rows, k, off, act, p, i * units // parts,
+                       (i + 1) * units // parts)
 
 
 _NO_AFFINE = np.empty(0)
@@ -552,4 +566,5 @@ def conv_forward(y, x, w, sy, sx, pad, rows, k=_NO_AFFINE, off=_NO_AFFINE, act=0
         rows = max(2, rows - rows % 2)
     serial = y.size < PARALLEL_MIN and y.size * w[0].size < PARALLEL_MIN * PARALLEL_MIN_TAPS
     run = _conv_forward_serial if serial else _conv_forward_parallel
-    run(y, x, w, sy, sx, pad, rows, k, off, act, no_pool(y.dtype) if pool is None else pool)
+    run(y, x, w, sy, sx, pad, rows, k, off, act, no_pool(y.dtype) if pool is None else pool,
+        numba.get_num_threads())

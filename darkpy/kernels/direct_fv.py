@@ -34,6 +34,7 @@ Like `direct.py` this computes Darknet's cross-correlation.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import prange
 
@@ -166,6 +167,10 @@ _jit = njit(cache=True, nogil=True, inline="always")
 #: The microkernel is compiled on its own and called, not inlined: inlined into a parallel caller
 #: `direct._forward_block3` ran 2x slower.
 _serial = njit(cache=True, nogil=True)
+#: The units of work of both twins (`_forward_serial`, `_forward_parallel`; the wgrad pair),
+#: compiled on their own with the twins' flags: once for both, and outside the parallel twin's
+#: parfor passes (inlined, digits' training compiled the direct kernels for 7 s more).
+_unit_jit = njit(cache=True, nogil=True, fastmath={"contract"})
 
 
 def padded_filters(n: int) -> int:
@@ -500,12 +505,22 @@ def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_
             affine_act_row(y[b, f, p_lo:p_hi], k[f], off[f], act)
 
 
+@_unit_jit
+def _units(y, src, item, wt, toff, pos, lo, hi, groups, runs, k, off, act, add, chunk_bytes,
+           prefetch, p):
+    """Units lo..hi−1 (`_unit`): one call per thread, not per unit (per call, the arguments cost
+    digits' 32 -> 64 layer at b64 ~5 % of its time)."""
+    for t in range(lo, hi):
+        _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_bytes,
+              prefetch, p)
+
+
 # Twins, as in direct.py: the parallel one's prange loops. Sharing their set-up through a helper
 # (the source as a conditional expression, the padding loop over a conditional range) made the
 # parallel twin 7x slower (digits' 32 -> 64 layer at b64 0.7 -> 5.2 ms on one thread).
 @njit(cache=True, nogil=True, fastmath={"contract"})
 def _forward_serial(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_bytes, prefetch,
-                    p):
+                    p, threads):
     plane, wp, toff, pos = _tables(x, k, sy, sx, pad, oh, ow)
     B, C = x.shape[0], x.shape[1]
     groups, runs = y.shape[1] // FV + (y.shape[1] % FV > 0), -(-y.shape[2] // UNIT_POSITIONS)
@@ -516,14 +531,13 @@ def _forward_serial(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_b
         for b in range(B):
             _pad_item(src, x, b, pad, plane // wp, wp)
     kp, op = _padded(kk, groups * FV), _padded(off, groups * FV)
-    for t in range(B * groups * runs):
-        _unit(y, src, C * plane, wt, toff, pos, t, groups, runs, kp, op, act, add, chunk_bytes,
-              prefetch, p)
+    _units(y, src, C * plane, wt, toff, pos, 0, B * groups * runs, groups, runs, kp, op, act, add,
+           chunk_bytes, prefetch, p)
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
 def _forward_parallel(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_bytes,
-                      prefetch, p):
+                      prefetch, p, threads):
     plane, wp, toff, pos = _tables(x, k, sy, sx, pad, oh, ow)
     B, C = x.shape[0], x.shape[1]
     groups, runs = y.shape[1] // FV + (y.shape[1] % FV > 0), -(-y.shape[2] // UNIT_POSITIONS)
@@ -534,9 +548,11 @@ def _forward_parallel(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk
         for b in prange(B):
             _pad_item(src, x, b, pad, plane // wp, wp)
     kp, op = _padded(kk, groups * FV), _padded(off, groups * FV)
-    for t in prange(B * groups * runs):
-        _unit(y, src, C * plane, wt, toff, pos, t, groups, runs, kp, op, act, add, chunk_bytes,
-              prefetch, p)
+    units = B * groups * runs
+    parts = min(threads, units)
+    for i in prange(parts):     # as prange's own static split of the units
+        _units(y, src, C * plane, wt, toff, pos, i * units // parts, (i + 1) * units // parts,
+               groups, runs, kp, op, act, add, chunk_bytes, prefetch, p)
 
 
 _NO_AFFINE = np.empty(0)
@@ -570,7 +586,7 @@ def conv_forward(y, x, wt, k, sy, sx, pad, kk=_NO_AFFINE, off=_NO_AFFINE, act=0,
     macs = B * padded_filters(N) * OH * OW * x.shape[1] * k * k       # what the microkernels do
     run = _forward_serial if n < PARALLEL_MIN and macs < PARALLEL_MIN_MACS else _forward_parallel
     run(y.reshape(B, N, OH * OW), x, wt, k, sy, sx, pad, OH, OW, kk, off, act, add, CHUNK_BYTES,
-        PREFETCH, no_pool(y.dtype) if pool is None else pool)
+        PREFETCH, no_pool(y.dtype) if pool is None else pool, numba.get_num_threads())
 
 
 def turned(w):
@@ -652,7 +668,7 @@ def _wgrad_fill(src, dt, x, d, b, pad, plane, wp, npad):
             row[f] = 0
 
 
-@_jit
+@_unit_jit
 def _wgrad_unit(dw, src, item, dt, npad, S, B, toff, pos, u, tgroups):
     """Unit u of `weight_grad`: filters FV·(u // tgroups)..., taps TV·(u % tgroups)..., added into
     dw (N, K)."""

@@ -100,7 +100,7 @@ def _add_row(pw, f, c, ky, s0, s1, s2):
         pw[f, c, ky, 2] += s2
 
 
-@njit(cache=True, nogil=True, inline="always")
+@_serial        # on its own: once for both twins, and outside the parallel one's parfor passes
 def _wgrad_group(pw, x, d, g, ngroups, sy, sx, pad, rows):
     """Group g of `conv_weight_grad`: its share of the (item, row block) units, into pw."""
     B, N, OH, OW = d.shape
@@ -131,8 +131,15 @@ def _weight_grad_parts(dw, d, rows):
 
 @_serial
 def _add_parts(dw, part):
-    for g in range(part.shape[0]):      # in order, whichever branch computed them
-        dw += part[g]
+    """dw += each partial sum, in order (whichever branch computed them). Loops: the array
+    expression `dw += part[g]` took numba 2.8 s to compile."""
+    N, C, K1, K2 = dw.shape
+    for g in range(part.shape[0]):
+        for f in range(N):
+            for c in range(C):
+                for i in range(K1):
+                    for j in range(K2):
+                        dw[f, c, i, j] += part[g, f, c, i, j]
 
 
 @njit(cache=True, nogil=True)
