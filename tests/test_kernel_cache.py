@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import darkpy.kernels as kernels
 from darkpy.kernels import bn, direct, direct_fv, pool2x2
 
@@ -39,6 +41,8 @@ def test_the_fingerprint_follows_kernel_sources_only(tmp_path):
 
 _RUN = """
 import sys
+import pytest
+
 import darkpy.kernels as kernels
 if sys.argv[1] != "-":
     kernels.sources_fingerprint = lambda: sys.argv[1]       # as if another file had changed
@@ -62,3 +66,41 @@ def test_a_cached_kernel_is_compiled_again_when_other_kernel_sources_change(tmp_
     assert run("-") == (1, 0)              # loaded
     assert run("other sources") == (0, 1)  # not loaded: compiled again
     assert run("other sources") == (1, 0)
+
+
+_LITERALS = """
+import gc
+import numpy as np
+from numba.core import types
+from numba.core.registry import CPUDispatcher
+from darkpy.kernels import direct, pointwise
+rng = np.random.default_rng(0)
+x = rng.standard_normal((1, 8, 16, 16)).astype(np.float32)
+w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+k, off = np.ones(16), np.zeros(16)
+direct.conv_forward(np.empty((1, 16, 16, 16), np.float32), x, w, 1, 1, 1, 4)
+direct.conv_forward(np.empty((1, 16, 16, 16), np.float32), x, w, 1, 1, 1, 4, k, off, 7,
+                    pool=np.empty((1, 16, 8, 8), np.float32))
+pointwise.conv_forward(np.empty((1, 16, 64), np.float32), x.reshape(1, 8, 256)[:, :, :64].copy(),
+                       w[:, :, 0, 0].copy(), k, off, 7)
+for d in gc.get_objects():
+    if isinstance(d, CPUDispatcher) and d.py_func.__module__.startswith("darkpy"):
+        plain = {tuple(types.unliteral(a) for a in sig) for sig in d.signatures}
+        if len(plain) < len(d.signatures):
+            print(d.py_func.__module__ + "." + d.py_func.__name__, d.signatures)
+print("scanned")
+"""
+
+
+@pytest.mark.slow
+def test_no_kernel_is_compiled_again_for_a_literal_argument(tmp_path):
+    """numba types a call whose argument starts as a literal (a counter from 0) first with the
+    literal, then with int64, and compiles the callee for both: the direct 3x3 passes had been
+    compiled four times (seconds each of a cold start). In a fresh cache, the direct and 1x1
+    kernels (pooled and unpooled) leave no darkpy kernel with two signatures that differ only by a
+    literal."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", _LITERALS], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "scanned", done.stdout
