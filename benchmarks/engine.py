@@ -554,16 +554,21 @@ class Phase:
                 per["torch"] = self.tables[result["peer"]]
             result["layers"] = layer_table(prep, per, batch)
             if self.mode == "infer":
-                result["conv_forward_gflops"] = conv_gflops(prep, per["darkpy"]["fwd"], batch)
+                result["conv_forward_gflops"] = conv_gflops(prep, per["darkpy"]["fwd"], batch,
+                                                            per["darkpy"].get("computed_flops", {}))
                 if "torch" in per:
                     result["torch_conv_forward_gflops"] = conv_gflops(prep, per["torch"]["fwd"], batch)
 
 
 def layer_table(prep: Prepared, table: dict, batch: int) -> list[dict]:
     rows = []
+    computed = {int(i): f for i, f in table["darkpy"].get("computed_flops", {}).items()}
     for (index, kind, shape, flops) in prep.layer_rows:
         row = {"index": index, "kind": kind, "out_shape": list(shape), "mflop": flops * batch / 1e6,
                "desc": prep.descs[index], "darkpy_fwd_ms": table["darkpy"]["fwd"][index] * 1e3}
+        if index in computed:         # darkpy computed it with fewer operations: count those
+            row["mflop"] = computed[index] * batch / 1e6
+            row["desc"] += f", averaged first ({flops * batch / 1e6:.3g} MFLOP as a convolution)"
         if table["darkpy"]["bwd"] is not None:
             row["darkpy_bwd_ms"] = table["darkpy"]["bwd"][index] * 1e3
         if "torch" in table and table["torch"]["fwd"] is not None:
@@ -575,9 +580,13 @@ def layer_table(prep: Prepared, table: dict, batch: int) -> list[dict]:
     return rows
 
 
-def conv_gflops(prep: Prepared, fwd_times: list[float], batch: int) -> float:
+def conv_gflops(prep: Prepared, fwd_times: list[float], batch: int, computed: dict | None = None) -> float:
+    """The convolution layers' FLOPs over their forward time: each layer's nominal count, or what
+    it `computed` instead (layer index -> FLOPs per item, e.g. a convolution averaging first)."""
+    computed = {int(i): f for i, f in (computed or {}).items()}
     t = sum(fwd_times[i] for (i, kind, _s, _f) in prep.layer_rows if kind == "convolutional")
-    return prep.conv_flops * batch / t / 1e9 if t > 0 else 0.0
+    flops = sum(computed.get(i, f) for (i, kind, _s, f) in prep.layer_rows if kind == "convolutional")
+    return flops * batch / t / 1e9 if t > 0 else 0.0
 
 
 def bench_network(spec: NetSpec, opts: Options) -> dict:

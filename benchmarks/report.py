@@ -80,7 +80,11 @@ def throughput_table(results: dict) -> list[str]:
                  "sgemm measured in darkpy's sample windows of the same phase. darkpy computes "
                  "3×3 stride-1 convolutions by Winograd F(2×2, 3×3), which needs 2.25× fewer multiplications "
                  "than the count, so those layers can exceed 100 % of sgemm (PyTorch's oneDNN and ONNX "
-                 "Runtime may do the same).")
+                 "Runtime may do the same). At inference a linear 1×1 convolution read only by a global "
+                 "[avgpool] averages its input first (layers/conv_averaged.py: the same values up to "
+                 "rounding, h·w times fewer multiply-adds; neither peer does this): the network's "
+                 "GFLOP/s still count it as a convolution, but the per-layer and convolution-layer "
+                 "GFLOP/s count what darkpy computed (the tables say \"averaged first\").")
     return lines
 
 

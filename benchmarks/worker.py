@@ -216,8 +216,12 @@ class DarkpyRunner:
             for layer in self.net.layers:
                 del layer.forward, layer.backward       # back to the class's methods
         train = self.job["mode"] == "train"
+        # layers whose forward computes the same values with fewer operations than their nominal
+        # count (a convolution averaging first, layers/conv_averaged.py): what they compute
+        computed = {l.index: l.averaged_flops() for l in self.net.layers
+                    if getattr(l, "average_into", None) is not None}
         return {"fwd": np.median(fwd, 0).tolist(), "bwd": np.median(bwd, 0).tolist() if train else None,
-                "update": float(np.median(update)), "s": total / n}
+                "update": float(np.median(update)), "s": total / n, "computed_flops": computed}
 
 
 class TorchRunner:

@@ -26,7 +26,9 @@ its eleven routes' copies.)
 
 While outputs are shared, `fuse_pools` also lets a convolution whose output only the next layer, a
 2x2 stride-2 [maxpool], reads write that maxpool's output itself (its own output is then never
-written): the pooling happens while each block of output is in the cache.
+written): the pooling happens while each block of output is in the cache. A linear 1x1 convolution
+read only by a global [avgpool] writes the pool's output the same way, averaging its input first
+(layers/conv_averaged.py).
 
 A layer never writes over its own input: the input's life reaches at least to that layer, so the
 two never share memory. Outputs other than the kept ones hold garbage after a forward, which is
@@ -42,6 +44,9 @@ import numpy as np
 ALIGN = 16
 #: `fuse_pools`: a convolution writes the 2x2 [maxpool] after it itself. False: never.
 FUSE_POOLS = True
+#: `fuse_pools`: a linear 1x1 convolution writes the global [avgpool] after it, averaging first
+#: (layers/conv_averaged.py). False: never.
+AVERAGE_FIRST = True
 #: `views`: [route] parts written in place. False: every route copies its parts.
 ROUTE_VIEWS = True
 
@@ -58,7 +63,7 @@ def last_uses(layers: Sequence) -> list[int]:
 
 def born(layers: Sequence) -> list[int]:
     """For each layer, the step its output is first written: its own forward, or for a layer the
-    one before may write (`pooled_by`: a [maxpool] that `fuse_pools` may fuse), that one's. A
+    one before may write (`pooled_by`: a [maxpool] or [avgpool] that `fuse_pools` may fuse), that one's. A
     fused convolution writes the pool's output while it still reads its own input, in any order
     of blocks, so the two must never share memory."""
     return [i - 1 if i > 0 and hasattr(layer, "pooled_by") else i for i, layer in enumerate(layers)]
@@ -198,11 +203,13 @@ def apply(layers: Sequence, output_index: int, keep: Iterable[int], dtype) -> tu
 
 
 def fuse_pools(layers: Sequence, output_index: int, keep: Iterable[int]) -> int:
-    """Let each layer whose output only the next layer, a [maxpool], reads (and that is not kept)
-    write that maxpool's output itself where it can (`can_write_pooled`: a convolution's Winograd
-    or direct path into a 2x2 stride-2 pool): it pools each block of output while the block is in
-    the cache, its own output is never written, and the maxpool's forward does nothing. Returns the
-    pairs fused. Run after `apply`, on layers `allocate` has just reset."""
+    """Let each layer whose output only the next layer, a [maxpool] or an [avgpool], reads (and
+    that is not kept) write that pool's output itself where it can: into a 2x2 stride-2 maxpool
+    (`can_write_pooled`: a convolution's Winograd or direct path, pooling each block of output
+    while the block is in the cache), into a global avgpool (`can_write_averaged`: a linear 1x1
+    convolution, averaging its input first). Its own output is then never written, and the pool's
+    forward does nothing. Returns the pairs fused. Run after `apply`, on layers `allocate` has just
+    reset."""
     if not FUSE_POOLS:
         return 0
     kept = kept_layers(layers, output_index, keep)
@@ -210,11 +217,16 @@ def fuse_pools(layers: Sequence, output_index: int, keep: Iterable[int]) -> int:
     fused = 0
     for i in range(len(layers) - 1):
         layer, pool = layers[i], layers[i + 1]
-        writes = getattr(layer, "can_write_pooled", None)
-        if (writes is None or i in kept or last[i] != i + 1 or not hasattr(pool, "pooled_by")
-                or not writes(pool)):
+        if i in kept or last[i] != i + 1 or not hasattr(pool, "pooled_by"):
             continue
-        layer.pool_into, pool.pooled_by = pool, layer
+        if hasattr(layer, "can_write_pooled") and layer.can_write_pooled(pool):
+            layer.pool_into = pool
+        elif AVERAGE_FIRST and hasattr(layer, "can_write_averaged") and layer.can_write_averaged(pool):
+            layer.average_into = pool
+            layer.averaged_scratch()
+        else:
+            continue
+        pool.pooled_by = layer
         fused += 1
     return fused
 

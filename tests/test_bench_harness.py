@@ -237,3 +237,35 @@ def test_ort_nodes_lists_onnxruntime_nodes_of_a_suite_network():
     nodes = [line.split() for line in lines[2:-1]]
     assert sum(op == "Conv" for _, op, _ in nodes) >= 3 and all(float(us) >= 0 for *_, us in nodes), out
     assert abs(float(lines[-1].split()[-1]) - sum(float(us) for *_, us in nodes)) < 0.2 * len(nodes), out
+
+
+def test_layer_tables_count_what_darkpy_computed_for_a_convolution_averaging_first(tmp_path):
+    """digits' 1x1 64 -> 10 before its [avgpool] averages first in the inference worker: its row
+    (and the convolution layers' GFLOP/s) counts the means and the small product, not the
+    convolution's nominal FLOPs, and says so; the other layers keep Darknet's count."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from benchmarks.worker import DarkpyRunner
+    from darkpy.network import load_network
+
+    cfg = Path(__file__).resolve().parents[1] / "cfg" / "digits.cfg"
+    net = load_network(cfg, batch=2)
+    engine.sane_weights(net.layers)
+    net.save_weights(tmp_path / "d.weights")
+    np.save(tmp_path / "x.npy", np.random.default_rng(1).random((2, *net.input_shape), dtype=np.float32))
+    job = {"mode": "infer", "threads": 1, "cfg": str(cfg), "edits": {}, "batch": 2,
+           "weights": str(tmp_path / "d.weights"), "input": str(tmp_path / "x.npy")}
+    table = json.loads(json.dumps(DarkpyRunner(job).layers(2)))     # as the worker's reply
+    assert table["computed_flops"] == {"5": 64 * 16 + 2 * 64 * 10}
+    rows = [(l.index, l.kind, tuple(l.out_shape), float(l.flops())) for l in net.layers]
+    prep = SimpleNamespace(layer_rows=rows, descs=[engine.layer_desc(l) for l in net.layers])
+    got = {r["index"]: r for r in engine.layer_table(prep, {"darkpy": table}, 2)}
+    assert got[5]["mflop"] == pytest.approx(2 * (64 * 16 + 2 * 64 * 10) / 1e6)
+    assert "averaged first (0.041 MFLOP as a convolution)" in got[5]["desc"]
+    assert got[4]["mflop"] == pytest.approx(2 * rows[4][3] / 1e6) and "averaged" not in got[4]["desc"]
+    fwd = [1e-3] * len(rows)
+    conv = [r for r in rows if r[1] == "convolutional"]
+    want = (sum(r[3] for r in conv) - rows[5][3] + 64 * 16 + 2 * 64 * 10) * 2 / (len(conv) * 1e-3) / 1e9
+    assert engine.conv_gflops(prep, fwd, 2, table["computed_flops"]) == pytest.approx(want)

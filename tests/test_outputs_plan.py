@@ -104,6 +104,8 @@ def test_shared_outputs_give_the_same_outputs(name, monkeypatch):
     monkeypatch.setattr(cw, "KEPT_FILTER_VALUES", 0)
     monkeypatch.setattr(dk, "SMALL_MAX_BATCH_POSITIONS", 0)
     monkeypatch.setattr(conv, "DIRECT_FV", False)
+    # nor a convolution averaging first (its rounding: tests/test_avg_fusion.py)
+    monkeypatch.setattr(outputs_plan, "AVERAGE_FIRST", False)
     case = ec.prepare(name)                 # built at a small size, random weights, one forward run
     net, x = case.net, case.x
     x2 = np.random.default_rng(1).random(x.shape, dtype=np.float32)

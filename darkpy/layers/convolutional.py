@@ -37,6 +37,7 @@ from ..kernels import pointwise as pw
 from ..kernels import winograd as wg
 from ..memory import param_ones, param_zeros
 from .base import Layer, Param, State, fmt_shape, register
+from .conv_averaged import AveragedConv
 from .conv_direct_fv import DirectFvConv
 from .conv_winograd import WinogradConv
 
@@ -139,7 +140,7 @@ class BatchNormParams:
 
 
 @register
-class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
+class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, Layer):
     kind = "convolutional"
     aliases = ("conv",)
     needs_image = True
@@ -187,8 +188,9 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
         self._kept_u = None
         #: the 2x2 [maxpool] right after, whose output an inference forward writes itself (set by
         #: `outputs_plan.fuse_pools` while outputs are shared; this layer's own output is then not
-        #: written at all), or None
-        self.pool_into = None
+        #: written at all), or None; the same for the global [avgpool] right after
+        #: (`can_write_averaged`)
+        self.pool_into = self.average_into = None
         self._trained = False                      # last forward was in training mode
 
     # -- construction ---------------------------------------------------------------------------
@@ -311,7 +313,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
                               or self.wide or self.pointwise)
                          and self.groups == 1 and self.chunk >= batch)
         self._kept_u = None
-        self.pool_into = None
+        self.pool_into = self.average_into = None
         if self.winograd:
             self._winograd_allocate(batch)
         self.affine = np.empty((2, self.n))     # `inference_epilogue`'s k and off
@@ -325,8 +327,10 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
         (digits' forward at b1 spent ~2.5 µs a layer making it)."""
         self._fused = ((self.winograd or self.direct or self.direct_fv or self.pointwise)
                        and not train and FUSED_EPILOGUE)
-        if not self._fused:
-            return ()
+        return self._inference_epilogue() if self._fused else ()
+
+    def _inference_epilogue(self) -> tuple:
+        """`inference_epilogue`, kept while the weights are fixed (see `_epilogue`)."""
         if self._kept_epilogue is not None:
             self._trained = False
             return self._kept_epilogue
@@ -345,7 +349,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
         layer's output (`outputs_plan.fuse_pools`): the Winograd and direct paths, which finish
         each block of output themselves, into a 2x2 stride-2 pool of an even-sized map of at least
         POOLED_MIN_POSITIONS; the direct path across filters where it can (`_fv_writes_pooled`)."""
-        if not (FUSED_EPILOGUE and pool.halves_2x2()):
+        if not (FUSED_EPILOGUE and pool.kind == "maxpool" and pool.halves_2x2()):
             return False
         return ((self.winograd or self.direct)
                 and self.out_shape[1] * self.out_shape[2] >= POOLED_MIN_POSITIONS
@@ -460,6 +464,10 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, Layer):
         x = s.input.reshape(self.batch, *self.in_shape)
         y = self.output.reshape(self.batch, self.n, oh * ow)
         self._v_kept = self._fused = False
+        if self.average_into is not None and not s.train:
+            self._forward_averaged(x, self._inference_epilogue())
+            self._fused = True
+            return
         pool = None
         if self.pool_into is not None and not s.train:
             pool = self.pool_into.output.reshape(self.batch, self.n, oh // 2, ow // 2)

@@ -474,8 +474,13 @@ class AvgPoolLayer(Layer):
     def allocate(self, batch: int) -> None:
         super().allocate(batch)
         self.scratch = np.zeros((batch, self.in_shape[0], 1), self.dtype)
+        #: the layer before, when its inference forward writes this layer's output itself
+        #: (`outputs_plan.fuse_pools`, layers/conv_averaged.py; only while outputs are shared)
+        self.pooled_by = None
 
     def forward(self, s: State) -> None:
+        if self.pooled_by is not None and not s.train:
+            return                          # the layer before wrote the output
         c, h, w = self.in_shape
         # darknet: sum, then divide by h*w
         avgpool_forward(self.output.reshape(-1), s.input.reshape(self.batch * c, h * w))

@@ -1,0 +1,101 @@
+"""A linear 1x1 convolution that writes the global [avgpool] after it by averaging its input first
+(layers/conv_averaged.py, inference with shared outputs only): the pool's output and the network's
+are those of the two layers run apart within rounding, on both of its paths (one serial call for
+small pairs, the parallel pool and a BLAS GEMM for larger ones), with and without batch norm, in
+float32 and float64; and fused only where that is the same function.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks.engine import sane_weights
+from darkpy import outputs_plan
+from darkpy.layers import conv_averaged
+from darkpy.network import network_from_text
+
+#: conv 3x3 (the input of the pair) -> conv 1x1 {act} -> avgpool -> softmax
+NET = """
+[net]
+width={s}
+height={s}
+channels=3
+[convolutional]
+batch_normalize=1
+filters={c}
+size=3
+pad=1
+activation=leaky
+[convolutional]
+batch_normalize={bn}
+filters={n}
+size={k}
+padding={pad}
+activation={act}
+[avgpool]
+[softmax]
+"""
+
+
+def _net(s=8, c=16, n=10, bn=1, act="linear", k=1, pad=0, batch=2, dtype=np.float32):
+    net = network_from_text(NET.format(s=s, c=c, n=n, bn=bn, act=act, k=k, pad=pad),
+                            batch=batch, dtype=dtype)
+    sane_weights(net.layers)            # biases and batch-norm statistics that are not zeros
+    return net
+
+
+@pytest.mark.parametrize("dtype,s,c,n,batch,bn", [
+    (np.float32, 4, 16, 10, 1, 1),      # 256 inputs: the one serial call
+    (np.float32, 8, 64, 10, 3, 0),      # 12288 inputs: the pool and the GEMM
+    (np.float32, 7, 96, 200, 4, 1),     # 76800 multiply-adds: the pool and the GEMM
+    (np.float64, 4, 16, 10, 2, 0),
+    (np.float64, 8, 64, 30, 3, 1)])
+def test_averaging_first_gives_the_two_layers_values(dtype, s, c, n, batch, bn):
+    net = _net(s, c, n, bn, batch=batch, dtype=dtype)
+    small = batch * c * s * s <= conv_averaged.SMALL_VALUES and batch * c * n <= conv_averaged.SMALL_MACS
+    assert small == (s == 4)
+    x = np.random.default_rng(1).uniform(-1, 1, net.input.shape).astype(dtype)
+    ref = net.forward(x).copy()
+    pooled = net.layers[2].output.copy()
+    net.share_outputs(keep=[2])
+    assert net.layers[1].average_into is net.layers[2] and net.layers[2].pooled_by is net.layers[1]
+    net._arena[...] = np.nan                            # a value read but not written shows
+    tol = dict(rtol=2e-5, atol=1e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-14)
+    for _ in range(2):
+        np.testing.assert_allclose(net.forward(x), ref, **tol)
+        np.testing.assert_allclose(net.layers[2].output, pooled, **tol)
+    assert np.isnan(net.layers[1].output).all() or not np.shares_memory(net.layers[1].output, net._arena)
+    net.unshare_outputs()
+    assert net.layers[1].average_into is None and net.layers[2].pooled_by is None
+    np.testing.assert_array_equal(net.forward(x), ref)
+
+
+@pytest.mark.parametrize("kw", [dict(act="leaky"), dict(act="relu"), dict(k=3, pad=1),
+                                dict(k=1, pad=1)])          # (padding=, not Darknet's pad flag)
+def test_not_fused_where_averaging_first_changes_the_function(kw):
+    """A nonlinear activation, a 3x3 filter (its border taps), padding (a 1x1 filter on a padded
+    map: the border's outputs are the bias alone) would not average to the same values."""
+    net = _net(**kw)
+    x = np.random.default_rng(2).uniform(-1, 1, net.input.shape).astype(np.float32)
+    ref = net.forward(x).copy()
+    net.share_outputs()
+    assert net.layers[1].average_into is None and net.layers[2].pooled_by is None
+    np.testing.assert_array_equal(net.forward(x), ref)
+
+
+def test_not_fused_when_the_convolution_is_read_after_the_forward(monkeypatch):
+    net = _net()
+    net.share_outputs(keep=[1])                 # the caller reads the convolution's own output
+    assert net.layers[1].average_into is None
+    monkeypatch.setattr(outputs_plan, "AVERAGE_FIRST", False)
+    net.share_outputs()
+    assert net.layers[1].average_into is None
+    monkeypatch.undo()
+    net.share_outputs()
+    assert net.layers[1].average_into is net.layers[2]
+    x = np.random.default_rng(3).uniform(-1, 1, net.input.shape).astype(np.float32)
+    net.unshare_outputs()
+    net.forward(x, train=True)                  # training: the two layers run apart
+    assert net.layers[2].pooled_by is None
+    np.testing.assert_allclose(net.layers[2].output.reshape(2, -1),
+                               net.layers[1].output.reshape(2, 10, -1).mean(axis=2), rtol=1e-5)
