@@ -14,6 +14,7 @@ import pytest
 import darkpy.layers.convolutional as conv
 from darkpy.kernels import PARALLEL_MIN
 from darkpy.kernels import direct_fv as fv
+from darkpy.kernels import direct_fv_grad as fvg
 from darkpy.network import network_from_text
 from helpers import layer_gradcheck
 from test_direct_conv import correlation, weight_grad
@@ -61,13 +62,13 @@ def test_gradients_match_float64_references(shape):
     w = rng.standard_normal((N, C, k, k))
     d = rng.standard_normal(correlation(x, w, sy, sx, pad).shape)
     dw = np.full(w.shape, 0.25)
-    fv.weight_grad(dw, x, d, sy, sx, pad)
+    fvg.weight_grad(dw, x, d, sy, sx, pad)
     np.testing.assert_allclose(dw, 0.25 + weight_grad(x, d, k, sy, sx, pad), rtol=1e-11, atol=1e-11)
     if sy == sx == 1 and pad <= k - 1:
         wt = np.full(N * k * k * fv.padded_filters(C), np.nan)
-        fv.filters_last(wt, fv.turned(w))
+        fv.filters_last(wt, fvg.turned(w))
         dx = np.full(x.shape, 0.5)
-        fv.input_grad_add(dx, d, wt, k, pad)
+        fvg.input_grad_add(dx, d, wt, k, pad)
         turned = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
         np.testing.assert_allclose(dx, 0.5 + correlation(d, turned, 1, 1, k - 1 - pad),
                                    rtol=1e-11, atol=1e-11)
@@ -86,7 +87,7 @@ def test_weight_grad_same_bits_at_any_thread_count():
         for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
             numba.set_num_threads(threads)
             dw = np.zeros((32, 16, 3, 3), np.float32)
-            fv.weight_grad(dw, x, d, 1, 1, 1)
+            fvg.weight_grad(dw, x, d, 1, 1, 1)
             grads.append(dw)
     finally:
         numba.set_num_threads(before)

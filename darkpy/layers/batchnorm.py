@@ -20,7 +20,7 @@ from ..kernels import bn as bnk
 from ..kernels import im2col as ic
 from ..memory import param_zeros
 from .base import Layer, Param, State, is_image, register
-from .convolutional import BatchNormParams
+from .bias_bn_act import BatchNormParams
 
 
 @register

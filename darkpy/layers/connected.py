@@ -24,8 +24,8 @@ from .. import blas
 from ..kernels import activations as act
 from ..memory import param_zeros
 from .base import Layer, Param, State, register
-from .convolutional import (BatchNormParams, allocate_bias_bn_act_training, backward_bias_bn_act,
-                            forward_bias_bn_act)
+from .bias_bn_act import (BatchNormParams, allocate_bias_bn_act_training, backward_bias_bn_act,
+                          forward_bias_bn_act)
 
 
 @register

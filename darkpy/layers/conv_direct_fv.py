@@ -11,6 +11,7 @@ import numpy as np
 
 from ..kernels import activations as act
 from ..kernels import direct_fv as fv
+from ..kernels import direct_fv_grad as fvg
 
 
 class DirectFvConv:
@@ -55,12 +56,12 @@ class DirectFvConv:
     def _backward_fv(self, x, d, prev) -> None:
         """weights.grad += the weight gradient of the delta d (B, n, oh, ow) (w.r.t. the raw
         product); then, when there is a previous delta prev, the input gradient added into it: the
-        correlation of d with the filters turned and transposed (stride 1, `fv.input_grad_add`)."""
-        fv.weight_grad(self.weights.grad, x, d, self.stride_y, self.stride_x, self.padding)
+        correlation of d with the filters turned and transposed (stride 1, `fvg.input_grad_add`)."""
+        fvg.weight_grad(self.weights.grad, x, d, self.stride_y, self.stride_x, self.padding)
         if prev is None:
             return
         c = self.in_shape[0]
         self._wt_flipped = self.training_buffer(
             self._wt_flipped, (self.n * self.size * self.size * fv.padded_filters(c),))
-        fv.filters_last(self._wt_flipped, fv.turned(self.weights.value))
-        fv.input_grad_add(prev, d, self._wt_flipped, self.size, self.padding)
+        fv.filters_last(self._wt_flipped, fvg.turned(self.weights.value))
+        fvg.input_grad_add(prev, d, self._wt_flipped, self.size, self.padding)

@@ -21,8 +21,8 @@ from ..kernels import activations as act
 from ..kernels import im2col as ic
 from ..memory import param_zeros
 from .base import Layer, Param, State, fmt_shape, register
-from .convolutional import (BatchNormParams, allocate_bias_bn_act_training, backward_bias_bn_act,
-                            forward_bias_bn_act)
+from .bias_bn_act import (BatchNormParams, allocate_bias_bn_act_training, backward_bias_bn_act,
+                          forward_bias_bn_act)
 
 
 def deconv_out_size(size_in: int, k: int, stride: int, padding: int) -> int:

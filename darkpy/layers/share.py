@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .convolutional import VARIANTS, BatchNormParams, ConvolutionalLayer
+from .bias_bn_act import BatchNormParams
+from .convolutional import VARIANTS, ConvolutionalLayer
 
 
 class SharedConvolutionalLayer(ConvolutionalLayer):
