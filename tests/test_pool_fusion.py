@@ -63,17 +63,25 @@ def _pin_the_paths():
         yield
 
 
-def _net(s=48, bn=1, act="leaky", batch=2, dtype=np.float32, extra=""):
+def _net(s=48, bn=1, act="leaky", batch=2, dtype=np.float32, extra="", flip=False):
+    """With `flip`, every other filter of the batch-normalised layers has a negative scale: its
+    epilogue decreasing, so the kernels take it before the maxima (`pool2x2.pools_first`)."""
     net = network_from_text(NET.format(s=s, bn=bn, act=act) + extra, batch=batch, dtype=dtype)
     sane_weights(net.layers)            # biases and batch-norm statistics that are not zeros
+    for layer in net.layers:
+        if flip and getattr(layer, "bn", None) is not None:
+            layer.bn.scales.value[1::2] *= -1
     return net
 
 
-@pytest.mark.parametrize("dtype,s,batch,bn,act", [                  # 112: the parallel kernels
-    (np.float32, 48, 1, 1, "leaky"), (np.float32, 48, 3, 0, "mish"), (np.float32, 112, 2, 1, "leaky"),
-    (np.float32, 112, 1, 0, "linear"), (np.float64, 48, 3, 1, "leaky"), (np.float64, 112, 2, 0, "mish")])
-def test_fused_pools_give_the_same_bits(dtype, s, batch, bn, act):
-    net = _net(s, bn, act, batch, dtype)
+@pytest.mark.parametrize("dtype,s,batch,bn,act,flip", [           # 112: the parallel kernels
+    (np.float32, 48, 1, 1, "leaky", False), (np.float32, 48, 3, 0, "mish", False),
+    (np.float32, 112, 2, 1, "leaky", False), (np.float32, 112, 1, 0, "linear", False),
+    (np.float64, 48, 3, 1, "leaky", False), (np.float64, 112, 2, 0, "mish", False),
+    (np.float32, 48, 2, 1, "leaky", True), (np.float32, 112, 1, 1, "relu", True),
+    (np.float64, 112, 1, 1, "linear", True)])
+def test_fused_pools_give_the_same_bits(dtype, s, batch, bn, act, flip):
+    net = _net(s, bn, act, batch, dtype, flip=flip)
     x = np.random.default_rng(1).uniform(-1, 1, net.input.shape).astype(dtype)
     pools = [1, 3]
     ref = net.forward(x).copy()
@@ -92,14 +100,17 @@ def test_fused_pools_give_the_same_bits(dtype, s, batch, bn, act):
     np.testing.assert_array_equal(net.forward(x), ref)
 
 
-@pytest.mark.parametrize("dtype,batch,bn,act", [
-    (np.float32, 1, 1, "leaky"), (np.float32, 64, 0, "relu"), (np.float32, 3, 1, "linear"),
-    (np.float32, 2, 1, "mish"), (np.float64, 2, 1, "leaky")])
-def test_direct_across_filters_writes_its_pool_too(dtype, batch, bn, act):
+@pytest.mark.parametrize("dtype,batch,bn,act,flip", [
+    (np.float32, 1, 1, "leaky", False), (np.float32, 64, 0, "relu", False),
+    (np.float32, 3, 1, "linear", False), (np.float32, 2, 1, "mish", False),
+    (np.float64, 2, 1, "leaky", False), (np.float32, 5, 1, "leaky", True),
+    (np.float32, 2, 1, "relu", True)])
+def test_direct_across_filters_writes_its_pool_too(dtype, batch, bn, act, flip):
     """On a 16x16 input the second convolution (16 -> 40 on 8x8) takes the direct path across
     filters (kernels/direct_fv.py): it writes its pool in float32 with linear, leaky or relu (the
-    epilogue on its tiles), the same bits as the two layers apart; otherwise the pool runs."""
-    net = _net(16, bn, act, batch, dtype)
+    epilogue on its tiles), the same bits as the two layers apart; otherwise the pool runs. With
+    `flip`, a block of filters with a negative scale takes the epilogue before the maxima."""
+    net = _net(16, bn, act, batch, dtype, flip=flip)
     x = np.random.default_rng(2).uniform(-1, 1, net.input.shape).astype(dtype)
     ref = net.forward(x).copy()
     want = net.layers[3].output.copy()
@@ -151,3 +162,56 @@ def test_switches_and_training_leave_the_pools_apart(monkeypatch):
     assert [l.index for l in net.layers if getattr(l, "pool_into", None)] == [0, 2]
     net.resize(48, 48)
     np.testing.assert_array_equal(net.forward(x), ref)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("act", ["linear", "leaky", "relu", "logistic"])
+@pytest.mark.parametrize("k,off", [(0.7, 0.25), (0.7, -0.0), (0.7, 0.0), (-0.7, 0.25), (0.0, 0.5),
+                                   (3e38, 1.0)])
+def test_epilogue_and_pool_commute_only_where_the_bits_agree(dtype, act, k, off):
+    """`epilogue_pool_rows` against the epilogue on every value, then each window's maxima in
+    row-major order (a later value winning only when greater): ties, NaNs in every window
+    position, signed zeros, values that round together and a product that overflows, for every
+    sign of k and off = −0 (where `pools_first` must say no). Rows wider than the pool (the
+    padding columns a block carries) are left out."""
+    from darkpy.kernels import jit
+    from darkpy.kernels.activations import code as act_code
+    from darkpy.kernels.bn import affine_act_row
+    from darkpy.kernels.pool2x2 import epilogue_pool_rows
+
+    @jit
+    def run(p, x, k, off, act):
+        epilogue_pool_rows(p, x, k, off, act)
+
+    @jit
+    def epilogue(x, k, off, act):
+        affine_act_row(x.reshape(x.size), k, off, act)
+
+    rng = np.random.default_rng(3)
+    h, w = 6, 21                                        # a 6x20 plane in rows of 21
+    x = rng.normal(0, 1, (h, w)).astype(dtype)
+    x[0, 0:4] = 0.5                                     # ties
+    x[2, 2:4] = [-0.0, 0.0]
+    x[3, 2:4] = [0.0, -0.0]
+    for r, c in [(0, 4), (0, 7), (1, 8), (1, 11)]:     # a NaN in each place of a window
+        x[r, c] = np.nan
+    one, up = dtype(1), dtype(2)
+    x[4, 0:4] = [one, np.nextafter(one, up), np.nextafter(np.nextafter(one, up), up), one]  # may
+    # round together after the epilogue
+    x[4, 4:8] = [3.0, -3.0, 2.0, 1.0]                   # k·x overflows in float32
+    code = act_code(act)
+    ref_x = x.copy()
+    epilogue(ref_x, k, off, code)
+    want = np.empty((h // 2, 10), dtype)
+    for r in range(h // 2):
+        for c in range(10):
+            window = [ref_x[2 * r, 2 * c], ref_x[2 * r, 2 * c + 1], ref_x[2 * r + 1, 2 * c],
+                      ref_x[2 * r + 1, 2 * c + 1]]
+            best = window[0]
+            for v in window[1:]:
+                best = v if v > best else best
+            want[r, c] = best
+    got = np.full((h // 2, 10), 7.0, dtype)
+    run(got, x.copy(), k, off, code)
+    np.testing.assert_array_equal(got.view(np.uint32 if dtype == np.float32 else np.uint64),
+                                  want.view(np.uint32 if dtype == np.float32 else np.uint64))

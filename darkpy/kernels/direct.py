@@ -30,7 +30,7 @@ from numba import prange
 
 from . import PARALLEL_MIN, njit, simd, vjit
 from .bn import affine_act_row
-from .pool2x2 import no_pool, pool_pair, pool_rows
+from .pool2x2 import epilogue_pool_rows, no_pool
 
 #: A forward with fewer than PARALLEL_MIN outputs still runs in parallel when it does at least
 #: PARALLEL_MIN · PARALLEL_MIN_TAPS multiply-adds (1M, ~15 µs on one core): shapes-tiny's 32 -> 64
@@ -451,16 +451,13 @@ def _copy_out(y, acc, M, q, f, b, oy0, rows, lw):
 def _pool_out(p, acc, M, q, f, b, oy0, rows, lw, k, off, act):
     """The 2x2 maxima of rows oy0.. of item b of the four filters f, through the inference
     epilogue, into p[b]: each of their runs of M values in acc (from the q-th on, rows of lw
-    values) goes through the epilogue in place (a whole run vectorises; a small map's rows are
-    too short), then its pairs of rows are pooled. The epilogue is `affine_act_row` called, as the
-    unpooled path calls it: the same values, bit for bit (inlined here, float64 values differed).
-    (Only here: the unpooled epilogue ran faster on the output planes, and taking the passes'
-    writing out of `_forward_block3` slowed its loop.)"""
+    values, the padding columns left out by the pool) by `epilogue_pool_rows`, whose epilogue is
+    `affine_act_row` called, as the unpooled path calls it: the same values, bit for bit (inlined
+    here, float64 values differed). (Only here: the unpooled epilogue ran faster on the output
+    planes, and taking the passes' writing out of `_forward_block3` slowed its loop.)"""
     for i in range(4):
-        a = acc[(q + i) * M:(q + i + 1) * M]
-        affine_act_row(a, k[f[i]], off[f[i]], act)
-        for r in range(0, rows, 2):
-            pool_pair(p[b, f[i], (oy0 + r) // 2], a[r * lw:], a[(r + 1) * lw:])
+        a = acc[(q + i) * M:(q + i) * M + rows * lw].reshape(rows, lw)
+        epilogue_pool_rows(p[b, f[i], oy0 // 2:(oy0 + rows) // 2], a, k[f[i]], off[f[i]], act)
 
 
 @_jit
@@ -509,10 +506,11 @@ def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act,
         _forward_block(out, pf, acc, w, bo, yo, n, sy, sx, lw)
     if k.shape[0]:
         for f in range(N):
+            if p.shape[0]:
+                epilogue_pool_rows(p[b, f, oy0 // 2:(oy0 + n) // 2], out[0, f], k[f], off[f], act)
+                continue
             plane = out[bo, f].reshape(out.shape[2] * OW)
             affine_act_row(plane[yo * OW:(yo + n) * OW], k[f], off[f], act)
-            if p.shape[0]:
-                pool_rows(p[b, f, oy0 // 2:(oy0 + n) // 2], out[0, f])
 
 
 # The serial and parallel versions are separate functions: in a `parallel=True` function every

@@ -39,7 +39,7 @@ from . import PARALLEL_MIN, njit, simd, vjit
 from .activations import LEAKY, LINEAR, RELU
 from .microgemm import fma2
 from .bn import affine_act_row
-from .pool2x2 import max4v, no_pool
+from .pool2x2 import max4v, no_pool, pools_first
 
 #: Filters per microkernel: two vectors.
 FV = 2 * simd.LANES
@@ -420,11 +420,13 @@ def _scatter8(y, b, f0, nf, p0, tile):
 
 
 @_jit
-def _pool_run(p, b, f0, nf, run, pt):
-    """p[b, f0:f0+nf] := the 2x2 stride-2 maxima of a whole map's tiles after the epilogue, run
-    (positions x FV filters, filters last, from position 0): FV filters at a time, in vectors,
+def _pool_run(p, b, f0, nf, run, pt, k, off, act):
+    """p[b, f0:f0+nf] := the 2x2 stride-2 maxima of a whole map's tiles, run (positions x FV
+    filters, filters last, from position 0), after the epilogue: FV filters at a time, in vectors,
     each window's four values compared in `max4`'s order (`max4v`: the same bits, ties and NaNs);
-    pt: scratch of FV values."""
+    pt: scratch of FV values. With k (the filters' k and off, zero-padded to whole FV: not empty),
+    the tiles are still the sums and the epilogue is taken on the maxima (`pools_first` holds for
+    the nf filters: the same bits, on a quarter of the values)."""
     ow = 2 * p.shape[3]
     for py in range(p.shape[2]):
         for px in range(p.shape[3]):
@@ -433,6 +435,8 @@ def _pool_run(p, b, f0, nf, run, pt):
                 simd.store(pt, h, max4v(simd.load(run, q + h), simd.load(run, q + FV + h),
                                         simd.load(run, q + ow * FV + h),
                                         simd.load(run, q + (ow + 1) * FV + h)))
+            if k.shape[0]:
+                _epilogue_tile(pt, 1, k, off, f0, act)
             for f in range(nf):
                 p[b, f0 + f, py, px] = pt[f]
 
@@ -466,6 +470,8 @@ def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_
     # float32 only: float64 sums went through it contracted (fused multiply-adds), 1-2 ulp off
     # the separate pass
     tiled = k.shape[0] > 0 and y.itemsize == 4 and (act == LINEAR or act == LEAKY or act == RELU)
+    # a pooled run's epilogue on its maxima where that gives the same bits (`_pool_run`)
+    late = pooled and tiled and _pools_first(k, off, act, f0, nf)
     for ch in range(chunks):
         t0, t1 = ch * kc, min(taps, (ch + 1) * kc)
         for p0 in range(p_lo, p_hi, pv):
@@ -481,7 +487,7 @@ def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_
             if ch < chunks - 1:
                 continue
             npos = min(pv, p_hi - p0)
-            if tiled:
+            if tiled and not late:
                 _epilogue_tile(tile, npos, k, off, f0, act)
             if pooled:
                 continue
@@ -496,10 +502,19 @@ def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_
                     for f in range(nf):
                         y[b, f0 + f, p0 + i] = tile[i * FV + f]
     if pooled:       # scratch: the first position's values, read before they are written over
-        _pool_run(p, b, f0, nf, out, out[:FV])
+        _pool_run(p, b, f0, nf, out, out[:FV], k if late else k[:0], off, act)
     elif k.shape[0] and not tiled:
         for f in range(f0, f0 + nf):
             affine_act_row(y[b, f, p_lo:p_hi], k[f], off[f], act)
+
+
+@_jit
+def _pools_first(k, off, act, f0, nf):
+    """Whether `pools_first` holds for filters f0..f0+nf−1."""
+    for f in range(f0, f0 + nf):
+        if not pools_first(k[f], off[f], act):
+            return False
+    return True
 
 
 @_unit_jit

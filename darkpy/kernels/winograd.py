@@ -37,7 +37,7 @@ from numba import prange
 
 from . import PARALLEL_MIN, jit, pjit
 from .bn import affine_act_row
-from .pool2x2 import no_pool, pool_rows
+from .pool2x2 import epilogue_pool_rows, no_pool
 
 
 def tiles(out_h: int, out_w: int) -> tuple[int, int]:
@@ -218,8 +218,7 @@ def _output_units(y, m, g, add, k, off, act, p):
         t = b * ((oh + 1) // 2) * ((ow + 1) // 2)
         if pooled:
             _output_plane(plane, m, f, t, False)
-            affine_act_row(plane.reshape(oh * ow), k[f], off[f], act)
-            pool_rows(p[b, f], plane)
+            epilogue_pool_rows(p[b, f], plane, k[f], off[f], act)
             continue
         _output_plane(y[b, f], m, f, t, add)
         if k.shape[0]:

@@ -28,7 +28,7 @@ from . import jit, pjit
 from .bn import affine_act_row
 from . import simd
 from .microgemm import CV, rows8x1, rows8x2
-from .pool2x2 import pool_rows
+from .pool2x2 import epilogue_pool_rows
 from .winograd import store_tile, tile_inputs, tile_outputs
 
 #: Values between two of a band's 16 matrices of V (and of M) beyond the matrix itself: without
@@ -320,8 +320,7 @@ def conv3x3(y, x, u, ustr, pad, add, k, off, act, p, bands, fgroups, vk, chunk):
                 f = fb + i
                 if pooled:
                     _band_outputs(band_out, m2, i, nfb, ntp, r0, r1, tw, oh, ow, False, lo)
-                    affine_act_row(band_out.reshape(-1), k[f], off[f], act)
-                    pool_rows(p[b, f, r0:r1], band_out)
+                    epilogue_pool_rows(p[b, f, r0:r1], band_out, k[f], off[f], act)
                     continue
                 _band_outputs(y[b, f], m2, i, nfb, ntp, r0, r1, tw, oh, ow, add, 0)
                 if k.shape[0]:
