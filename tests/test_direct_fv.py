@@ -34,7 +34,8 @@ def _run(x, w, sy, sx, pad, *epilogue):
 SHAPES = [(1, 3, 5, 7, 5, 3, 1, 1, 1), (2, 32, 4, 4, 64, 3, 1, 1, 1), (3, 16, 8, 8, 33, 3, 1, 1, 1),
           (2, 64, 4, 4, 10, 1, 1, 1, 0), (1, 7, 9, 6, 17, 3, 2, 1, 1), (2, 5, 7, 7, 16, 1, 1, 1, 0),
           (2, 8, 9, 9, 16, 5, 2, 3, 2), (1, 4, 30, 31, 20, 3, 1, 1, 1), (2, 3, 6, 6, 1, 3, 1, 1, 2),
-          (1, 2, 1, 1, 3, 1, 1, 1, 0), (2, 3, 5, 24, 8, 3, 1, 1, 1)]
+          (1, 2, 1, 1, 3, 1, 1, 1, 0), (2, 3, 5, 24, 8, 3, 1, 1, 1), (3, 4, 7, 7, 8, 3, 1, 1, 1),
+          (2, 3, 13, 13, 8, 3, 2, 2, 1), (1, 5, 14, 14, 8, 3, 2, 2, 1)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -42,7 +43,7 @@ def test_kernel_matches_float64_correlation(shape):
     """Every output written (NaN-filled before), equal to the correlation within float64 rounding:
     1x1, 3x3 and 5x5 kernels, strides 1-3 (also unequal), paddings 0-2, 1-64 filters, maps from
     1x1 to 30x31 (several units of UNIT_POSITIONS), rows copied into the padded planes in whole
-    and half vectors and one by one."""
+    and half vectors and one by one (also the last input row of a 14x14 map, cut by stride 2)."""
     B, C, H, W, N, k, sy, sx, pad = shape
     rng = np.random.default_rng(sum(shape))
     x = rng.standard_normal((B, C, H, W))
