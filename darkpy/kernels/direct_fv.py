@@ -11,15 +11,17 @@ across filters instead, as ONNX Runtime's NCHWc convolutions do, while the tenso
   `simd.LANES`) are two vector loads, and a microkernel streams one contiguous block (as rows of
   all the filters, a tap's weights were a row apart: past a few hundred taps the block's lines fell
   into a few of the L2's sets, and 512 -> 512 on 7x7 ran 2.9 ms against 1.0 blocked);
-- a microkernel (`_tile6`) keeps 6 positions x FV filters in twelve vector accumulators over the
-  c·k·k taps (with the two weight vectors and a broadcast, 15 of AVX2's 16 registers); each tap
+- a microkernel (`_tile6`, kernels/fv_tiles.py) keeps 6 positions x FV filters in twelve vector
+  accumulators over the c·k·k taps (with the two weight vectors and a broadcast, 15 of AVX2's 16
+  registers); each tap
   costs two vector loads, six scalar loads broadcast to the lanes (`simd.get`: no bounds or sign
   tests) and twelve FMAs (`_tile4`: 4 positions, for short filters and small maps; `_tile8`: 8
   positions in sixteen accumulators, on AVX-512's 32 registers, for every layer). The positions
   are any of the map, found through a table of their offsets, so nothing is computed outside the
   map and any stride works;
 - the input is read in place when the layer has no padding, else from zero-padded copies of the
-  items' planes made once per call;
+  items' planes made once per call; a padded stride-1 layer in a batch reads it in place too,
+  each position over its taps inside the input only (kernels/direct_fv_border.py);
 - each unit (item, FV filters, a run of positions) scatters its tiles into the NCHW output and
   applies bias / batch norm and the activation to what it wrote (the inference epilogue); or,
   when a 2x2 [maxpool] alone reads the output (float32 inference), keeps the map's tiles and
@@ -37,12 +39,10 @@ from numba import prange
 
 from . import PARALLEL_MIN, njit, simd, vjit
 from .activations import LEAKY, LINEAR, RELU
-from .microgemm import fma2
 from .bn import affine_act_row
+from .fv_tiles import FV, _jit, _serial, _tile4, _tile6, _tile8, block_at, identity
 from .pool2x2 import max4v, no_pool, pools_first
 
-#: Filters per microkernel: two vectors.
-FV = 2 * simd.LANES
 #: Output positions per unit of parallel work (whole microkernels of 4 or 6 positions).
 UNIT_POSITIONS = 384
 #: Layers with at least WIDE_MIN_TAPS taps per filter and WIDE_MIN_POSITIONS output positions per
@@ -160,10 +160,6 @@ def supports(c: int, n: int, k: int, groups: int, dilation: int, positions: int,
             and max(c, n) * k * k <= TRAINING_MAX_TAPS)
 
 
-_jit = njit(cache=True, nogil=True, inline="always")
-#: The microkernel is compiled on its own and called, not inlined: inlined into a parallel caller
-#: `direct._forward_block3` ran 2x slower.
-_serial = njit(cache=True, nogil=True)
 #: The units of work of both twins (`_forward_serial`, `_forward_parallel`; the wgrad pair),
 #: compiled on their own with the twins' flags: once for both, and outside the parallel twin's
 #: parfor passes (inlined, digits' training compiled the direct kernels for 7 s more).
@@ -188,127 +184,6 @@ def filters_last(wt, w):
             row = wt[block_at(f0, taps) + t * FV:block_at(f0, taps) + (t + 1) * FV]
             for j in range(FV):
                 row[j] = wf[f0 + j, t] if f0 + j < n else 0
-
-
-@_jit
-def block_at(f0, taps):
-    """Where `filters_last`'s block of the FV filters from f0 starts (f0 a multiple of FV)."""
-    return f0 * taps
-
-
-@_jit
-def _store2(out, v, a0, a1):
-    """out[v·LANES:(v+2)·LANES] := two accumulators, in order."""
-    simd.store(out, v * simd.LANES, a0)
-    simd.store(out, (v + 1) * simd.LANES, a1)
-
-
-@_jit
-def _store8(out, a00, a01, a10, a11, a20, a21, a30, a31):
-    """out[:8·LANES] := eight accumulators, in order."""
-    _store2(out, 0, a00, a01)
-    _store2(out, 2, a10, a11)
-    _store2(out, 4, a20, a21)
-    _store2(out, 6, a30, a31)
-
-
-@_jit
-def _start(out, v, acc, z):
-    """An accumulator's first value: out[v·LANES:(v+1)·LANES] with `acc` (a K chunk after the
-    first), else zero."""
-    return simd.load(out, v * simd.LANES) if acc else z
-
-
-@_jit
-def _start8(out, acc, z):
-    """The first eight accumulators' first values (`_start`)."""
-    return (_start(out, 0, acc, z), _start(out, 1, acc, z), _start(out, 2, acc, z),
-            _start(out, 3, acc, z), _start(out, 4, acc, z), _start(out, 5, acc, z),
-            _start(out, 6, acc, z), _start(out, 7, acc, z))
-
-
-@_jit
-def _tap_weights(wt, w0, t, pf):
-    """Tap t's FV weights in the block at wt[w0] (two vectors); with `pf`, the weights pf values
-    on are prefetched."""
-    i = w0 + t * FV
-    if pf:
-        simd.prefetch(wt, i + pf)
-        simd.prefetch(wt, i + pf + simd.LANES)
-    return simd.load(wt, i), simd.load(wt, i + simd.LANES)
-
-
-@_serial
-def _tile6(out, src, s0, wt, w0, toff, t0, t1, acc, pos, p0, pf):
-    """out[:6·FV] := (acc: +=) positions pos[p0:p0+6] x the FV filters whose `filters_last` block
-    starts at wt[w0], over taps t0..t1−1, reading the item's (padded) planes at src[s0:]: tap t
-    of position i is src[s0 + pos[p0+i] + toff[t]]. Continuing a sum from out adds the taps in
-    the same order as one pass would: the bits do not depend on the K chunks. With `pf`, each tap
-    also prefetches as many weights from wt[pf] on (the next chunk, `_unit`)."""
-    b0, b1, b2, b3 = s0 + pos[p0], s0 + pos[p0 + 1], s0 + pos[p0 + 2], s0 + pos[p0 + 3]
-    b4, b5 = s0 + pos[p0 + 4], s0 + pos[p0 + 5]
-    z = simd.zero(wt)
-    a00, a01, a10, a11, a20, a21, a30, a31 = _start8(out, acc, z)
-    a40, a41, a50, a51 = _start(out, 8, acc, z), _start(out, 9, acc, z), \
-        _start(out, 10, acc, z), _start(out, 11, acc, z)
-    for t in range(t0, t1):
-        o = simd.get(toff, t)       # (no sign test of t)
-        v0, v1 = _tap_weights(wt, w0, t, pf)
-        a00, a01 = fma2(a00, a01, simd.get(src, b0 + o), v0, v1)
-        a10, a11 = fma2(a10, a11, simd.get(src, b1 + o), v0, v1)
-        a20, a21 = fma2(a20, a21, simd.get(src, b2 + o), v0, v1)
-        a30, a31 = fma2(a30, a31, simd.get(src, b3 + o), v0, v1)
-        a40, a41 = fma2(a40, a41, simd.get(src, b4 + o), v0, v1)
-        a50, a51 = fma2(a50, a51, simd.get(src, b5 + o), v0, v1)
-    _store8(out, a00, a01, a10, a11, a20, a21, a30, a31)
-    _store2(out, 8, a40, a41)
-    _store2(out, 10, a50, a51)
-
-
-@_serial
-def _tile8(out, src, s0, wt, w0, toff, t0, t1, acc, pos, p0, pf):
-    """`_tile6` for positions pos[p0:p0+8]: out[:8·FV], in sixteen accumulators (AVX-512's 32
-    registers hold them with the two weight vectors and a broadcast)."""
-    b0, b1, b2, b3 = s0 + pos[p0], s0 + pos[p0 + 1], s0 + pos[p0 + 2], s0 + pos[p0 + 3]
-    b4, b5, b6, b7 = s0 + pos[p0 + 4], s0 + pos[p0 + 5], s0 + pos[p0 + 6], s0 + pos[p0 + 7]
-    z = simd.zero(wt)
-    a00, a01, a10, a11, a20, a21, a30, a31 = _start8(out, acc, z)
-    a40, a41, a50, a51 = _start(out, 8, acc, z), _start(out, 9, acc, z), \
-        _start(out, 10, acc, z), _start(out, 11, acc, z)
-    a60, a61, a70, a71 = _start(out, 12, acc, z), _start(out, 13, acc, z), \
-        _start(out, 14, acc, z), _start(out, 15, acc, z)
-    for t in range(t0, t1):
-        o = simd.get(toff, t)       # (no sign test of t)
-        v0, v1 = _tap_weights(wt, w0, t, pf)
-        a00, a01 = fma2(a00, a01, simd.get(src, b0 + o), v0, v1)
-        a10, a11 = fma2(a10, a11, simd.get(src, b1 + o), v0, v1)
-        a20, a21 = fma2(a20, a21, simd.get(src, b2 + o), v0, v1)
-        a30, a31 = fma2(a30, a31, simd.get(src, b3 + o), v0, v1)
-        a40, a41 = fma2(a40, a41, simd.get(src, b4 + o), v0, v1)
-        a50, a51 = fma2(a50, a51, simd.get(src, b5 + o), v0, v1)
-        a60, a61 = fma2(a60, a61, simd.get(src, b6 + o), v0, v1)
-        a70, a71 = fma2(a70, a71, simd.get(src, b7 + o), v0, v1)
-    _store8(out, a00, a01, a10, a11, a20, a21, a30, a31)
-    _store2(out, 8, a40, a41)
-    _store2(out, 10, a50, a51)
-    _store2(out, 12, a60, a61)
-    _store2(out, 14, a70, a71)
-
-
-@_serial
-def _tile4(out, src, s0, wt, w0, toff, t0, t1, acc, pos, p0, pf):
-    """`_tile6` for positions pos[p0:p0+4]: out[:4·FV]."""
-    b0, b1, b2, b3 = s0 + pos[p0], s0 + pos[p0 + 1], s0 + pos[p0 + 2], s0 + pos[p0 + 3]
-    z = simd.zero(wt)
-    a00, a01, a10, a11, a20, a21, a30, a31 = _start8(out, acc, z)
-    for t in range(t0, t1):
-        o = simd.get(toff, t)       # (no sign test of t)
-        v0, v1 = _tap_weights(wt, w0, t, pf)
-        a00, a01 = fma2(a00, a01, simd.get(src, b0 + o), v0, v1)
-        a10, a11 = fma2(a10, a11, simd.get(src, b1 + o), v0, v1)
-        a20, a21 = fma2(a20, a21, simd.get(src, b2 + o), v0, v1)
-        a30, a31 = fma2(a30, a31, simd.get(src, b3 + o), v0, v1)
-    _store8(out, a00, a01, a10, a11, a20, a21, a30, a31)
 
 
 @_jit
@@ -442,8 +317,8 @@ def _pool_run(p, b, f0, nf, run, pt, k, off, act):
 
 
 @_jit
-def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_bytes, prefetch,
-          p):
+def _unit(y, src, item, wt, toff, tidx, pos, t, groups, runs, k, off, act, add, chunk_bytes,
+          prefetch, p):
     """Unit t: item b = t // (groups·runs) (its planes at src[b·item:]), filters FV·(t // runs %
     groups)..., positions of run t % runs; its tiles scattered into y (B, N, S) (added to it with
     `add`), through the epilogue (k, off: zero-padded to whole FV, or empty): on the tiles
@@ -479,11 +354,11 @@ def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_
             # one tile prefetches the next chunk (after the last, the next unit's block)
             pf = min(kc, taps) * FV if prefetch and p0 == pf_at else 0
             if pv == 8:
-                _tile8(tile, src, b * item, wt, w0, toff, t0, t1, ch > 0, pos, p0, pf)
+                _tile8(tile, src, b * item, wt, w0, toff, tidx, t0, t1, ch > 0, pos, p0, pf)
             elif pv == 6:
-                _tile6(tile, src, b * item, wt, w0, toff, t0, t1, ch > 0, pos, p0, pf)
+                _tile6(tile, src, b * item, wt, w0, toff, tidx, t0, t1, ch > 0, pos, p0, pf)
             else:
-                _tile4(tile, src, b * item, wt, w0, toff, t0, t1, ch > 0, pos, p0, pf)
+                _tile4(tile, src, b * item, wt, w0, toff, tidx, t0, t1, ch > 0, pos, p0, pf)
             if ch < chunks - 1:
                 continue
             npos = min(pv, p_hi - p0)
@@ -518,12 +393,12 @@ def _pools_first(k, off, act, f0, nf):
 
 
 @_unit_jit
-def _units(y, src, item, wt, toff, pos, lo, hi, groups, runs, k, off, act, add, chunk_bytes,
+def _units(y, src, item, wt, toff, tidx, pos, lo, hi, groups, runs, k, off, act, add, chunk_bytes,
            prefetch, p):
     """Units lo..hi−1 (`_unit`): one call per thread, not per unit (as `direct._forward_units`,
     whose per-unit calls had cost digits' first layer at b64 7 % of its time)."""
     for t in range(lo, hi):
-        _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_bytes,
+        _unit(y, src, item, wt, toff, tidx, pos, t, groups, runs, k, off, act, add, chunk_bytes,
               prefetch, p)
 
 
@@ -543,8 +418,8 @@ def _forward_serial(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_b
         for b in range(B):
             _pad_item(src, x, b, pad, plane // wp, wp)
     kp, op = _padded(kk, groups * FV), _padded(off, groups * FV)
-    _units(y, src, C * plane, wt, toff, pos, 0, B * groups * runs, groups, runs, kp, op, act, add,
-           chunk_bytes, prefetch, p)
+    _units(y, src, C * plane, wt, toff, identity(toff.shape[0]), pos, 0, B * groups * runs, groups,
+           runs, kp, op, act, add, chunk_bytes, prefetch, p)
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
@@ -562,9 +437,10 @@ def _forward_parallel(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk
     kp, op = _padded(kk, groups * FV), _padded(off, groups * FV)
     units = B * groups * runs
     parts = min(threads, units)
+    tidx = identity(toff.shape[0])
     for i in prange(parts):     # as prange's own static split of the units
-        _units(y, src, C * plane, wt, toff, pos, i * units // parts, (i + 1) * units // parts,
-               groups, runs, kp, op, act, add, chunk_bytes, prefetch, p)
+        _units(y, src, C * plane, wt, toff, tidx, pos, i * units // parts,
+               (i + 1) * units // parts, groups, runs, kp, op, act, add, chunk_bytes, prefetch, p)
 
 
 _NO_AFFINE = np.empty(0)
@@ -587,7 +463,9 @@ def conv_forward(y, x, wt, k, sy, sx, pad, kk=_NO_AFFINE, off=_NO_AFFINE, act=0,
     with the epilogue and even OH, OW, where `writes_pooled`: the 2x2 stride-2 maxima of each
     output plane go there and y is not written. Serial below PARALLEL_MIN output values unless
     they take PARALLEL_MIN_MACS multiply-adds or more (a 7x7 map's few outputs over thousands of
-    taps)."""
+    taps). A parallel, padded stride-1 layer in a batch computes only the taps inside the input
+    (kernels/direct_fv_border.py), where its epilogue is on the tiles or there is none."""
+    from . import direct_fv_border as border        # (it imports this module's microkernels)
     B, N, OH, OW = y.shape
     if pool is not None and not (kk.shape[0] and not add and OH % 2 == 0 and OW % 2 == 0
                                  and pool.shape == (B, N, OH // 2, OW // 2)
@@ -596,6 +474,13 @@ def conv_forward(y, x, wt, k, sy, sx, pad, kk=_NO_AFFINE, off=_NO_AFFINE, act=0,
                          f"activation {act}, {OH}x{OW} map, pool {pool.shape})")
     n = y.size
     macs = B * padded_filters(N) * OH * OW * x.shape[1] * k * k       # what the microkernels do
-    run = _forward_serial if n < PARALLEL_MIN and macs < PARALLEL_MIN_MACS else _forward_parallel
+    serial = n < PARALLEL_MIN and macs < PARALLEL_MIN_MACS
+    tiled = kk.shape[0] > 0 and y.dtype == np.float32 and act in (LINEAR, LEAKY, RELU)
+    p = no_pool(y.dtype) if pool is None else pool
+    if ((tiled or not kk.shape[0]) and not serial and (pool is None or border.POOLED)
+            and border.applies(sy, sx, pad, k, B, x.shape[1] * k * k, y.itemsize)):
+        border.conv_forward(y, x, wt, k, pad, kk, off, act, add, tiled, p, numba.get_num_threads())
+        return
+    run = _forward_serial if serial else _forward_parallel
     run(y.reshape(B, N, OH * OW), x, wt, k, sy, sx, pad, OH, OW, kk, off, act, add, CHUNK_BYTES,
-        PREFETCH, no_pool(y.dtype) if pool is None else pool, numba.get_num_threads())
+        PREFETCH, p, numba.get_num_threads())
