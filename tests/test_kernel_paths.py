@@ -15,7 +15,7 @@ from darkpy.kernels import PARALLEL_MIN, PARALLEL_MIN_FLAT
 from darkpy.kernels import activations as A
 from darkpy.kernels import bn as bnk
 from darkpy.kernels import im2col as ic
-from darkpy.layers import recurrent as R
+from darkpy.layers import gated as R
 from darkpy.layers.shortcut import shortcut_prefix_add_act
 from darkpy.layers.softmax import softmax_forward
 from darkpy.layers.upsample import upsample_forward

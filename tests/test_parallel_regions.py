@@ -24,7 +24,7 @@ from darkpy.kernels import simd
 from darkpy.kernels import winograd as wg
 from darkpy.kernels import winograd_fused as wgf
 from darkpy import optim
-from darkpy.layers import layernorm, mha, pooling, recurrent, shortcut, upsample, xent
+from darkpy.layers import gated, layernorm, mha, pooling, shortcut, upsample, xent
 
 
 def _parfor_lines(kernel, *args):
@@ -125,12 +125,12 @@ CASES = {
     "shortcut add+act": (shortcut.shortcut_prefix_add_act, lambda: _shortcut_args("add_act")),
     "shortcut add flat": (shortcut.shortcut_add_flat, lambda: _shortcut_args("add_flat")),
     "shortcut backward flat": (shortcut.shortcut_backward_flat, lambda: _shortcut_args("backward_flat")),
-    "gru gates": (recurrent.gru_gates, lambda: _rnn_args(8)),
-    "gru output": (recurrent.gru_output, lambda: _rnn_args(6, act.TANH)),
-    "gru backward out": (recurrent.gru_backward_out, lambda: _rnn_args(7, act.TANH)),
-    "gru backward reset": (recurrent.gru_backward_reset, lambda: _rnn_args(5)),
-    "lstm step": (recurrent.lstm_step, lambda: _rnn_args(15)),
-    "lstm backward step": (recurrent.lstm_backward_step, lambda: _rnn_args(12)),
+    "gru gates": (gated.gru_gates, lambda: _rnn_args(8)),
+    "gru output": (gated.gru_output, lambda: _rnn_args(6, act.TANH)),
+    "gru backward out": (gated.gru_backward_out, lambda: _rnn_args(7, act.TANH)),
+    "gru backward reset": (gated.gru_backward_reset, lambda: _rnn_args(5)),
+    "lstm step": (gated.lstm_step, lambda: _rnn_args(15)),
+    "lstm backward step": (gated.lstm_backward_step, lambda: _rnn_args(12)),
     "direct forward": (dk._conv_forward_parallel, lambda: _direct_args("forward")),
     "direct weight gradient": (dwg._weight_grad_parallel, lambda: _direct_args("wgrad")),
     "winograd inputs": (wg.inputs, _winograd_inputs_args),

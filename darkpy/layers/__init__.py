@@ -9,7 +9,7 @@ from .base import REGISTRY, Layer, Param, State, register  # noqa: F401
 _FAMILIES = (
     "convolutional", "connected", "batchnorm", "pooling", "dropout", "softmax", "cost", "logistic",
     "normalization", "activation", "route", "shortcut", "upsample", "reorg", "crop", "attention",
-    "yolo", "region", "detection", "recurrent", "local", "deconvolutional",
+    "yolo", "region", "detection", "recurrent", "gated", "local", "deconvolutional",
     "xnor", "share", "implicit", "yolor", "tree", "contrastive", "history", "gaussian_yolo", "conv_lstm",
     "embedding", "layernorm", "mha", "xent",
 )

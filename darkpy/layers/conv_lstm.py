@@ -26,7 +26,8 @@ import numpy as np
 
 from .base import fmt_shape, register
 from .convolutional import ConvolutionalLayer
-from .recurrent import LSTMLayer, _positive, _Recurrent
+from .gated import LSTMLayer
+from .recurrent import _positive, _Recurrent
 
 ORDER = ("wf", "wi", "wg", "wo", "uf", "ui", "ug", "uo")
 
