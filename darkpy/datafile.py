@@ -145,7 +145,7 @@ def read_image_list(path: str | None, what: str, data_path) -> list[str]:
 def require_lists(dc, keys: Sequence[str]) -> None:
     """Raise now, not after training, the error of a list among `keys` that a run will read but
     that does not exist (the .data file's lists are otherwise checked when read)."""
-    from .datasets import MissingFile
+    from .dataformats import MissingFile
 
     for key in keys:
         value = getattr(dc, key, None)

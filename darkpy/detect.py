@@ -290,7 +290,7 @@ def _labels_with_difficult(path: str, dif_path: str | None, classes: int) -> tup
 
 def difficult_list(dc) -> str | None:
     """The .data file's `difficult=` list, resolved as read_data_file resolves file keys."""
-    from .datasets import _resolve
+    from .dataformats import _resolve
     entry = dc.raw.get("difficult") if dc.raw else None
     return _resolve(entry, os.path.dirname(dc.path) or ".") if entry else None
 
@@ -298,7 +298,7 @@ def difficult_list(dc) -> str | None:
 def run_valid(net, data_cfg, thresh: float = 0.005, nms: float = 0.45, letterbox: bool = True,
               paths: Sequence[str] | None = None, limit: int | None = None,
               progress: Callable[[int, int], None] | None = None) -> ValidRun:
-    """Run `net` over the `valid` list of `data_cfg` (a .data path or a datasets.DataConfig), or over
+    """Run `net` over the `valid` list of `data_cfg` (a .data path or a dataformats.DataConfig), or over
     `paths`: Darknet's validation pass (candidates above `thresh`, NMS). Images are fitted to the
     net's current input size and run `net.batch` at a time (the net's batch and weights are left as
     they are). Labels come from Darknet's label paths; malformed label lines are skipped

@@ -82,7 +82,7 @@ class strict_warnings:
         import warnings
 
         from .cfg import CfgWarning
-        from .datasets import DataWarning
+        from .dataformats import DataWarning
         self._kinds = (CfgWarning, DataWarning)
         self._catch = warnings.catch_warnings()
         self._catch.__enter__()

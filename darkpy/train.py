@@ -58,7 +58,7 @@ from .settings import Settings, load_settings
 from .textdata import is_text_data
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .datasets import DataConfig
+    from .dataformats import DataConfig
     from .detect import MapResult
     from .network import Network
 
