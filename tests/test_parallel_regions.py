@@ -18,6 +18,8 @@ from darkpy.kernels import attention as attk
 from darkpy.kernels import bn as bnk
 from darkpy.kernels import cblas
 from darkpy.kernels import direct as dk
+from darkpy.kernels import direct_fv as fv
+from darkpy.kernels import direct_fv_border as fvb
 from darkpy.kernels import direct_wgrad as dwg
 from darkpy.kernels import gemm
 from darkpy.kernels import simd
@@ -48,6 +50,15 @@ def _direct_args(kind):
         return np.zeros((2, 4, 8, 8), np.float32), x[:, :, :8].copy(), w, 1, 1, 1, 2, np.ones(4), \
             np.zeros(4), 0, pool, 2
     return np.zeros_like(w), x, rng.standard_normal(y.shape).astype(np.float32), 1, 1, 1, rows
+
+
+def _border_args():
+    """kernels/direct_fv_border.py's forward writing a pooled output (its epilogue after the maxima)."""
+    w = _f32(40, 16, 3, 3)
+    wt = np.empty(w[0].size * fv.padded_filters(40), np.float32)
+    fv.filters_last(wt, w)
+    return (np.zeros((8, 40, 4, 4), np.float32), _f32(8, 16, 4, 4), wt, 3, 1, np.ones(40), np.zeros(40),
+            act.LEAKY, False, True, fv.TILE or 4, np.zeros((8, 40, 2, 2), np.float32), 2)
 
 
 def _winograd_inputs_args():
@@ -133,6 +144,7 @@ CASES = {
     "lstm backward step": (gated.lstm_backward_step, lambda: _rnn_args(12)),
     "direct forward": (dk._conv_forward_parallel, lambda: _direct_args("forward")),
     "direct weight gradient": (dwg._weight_grad_parallel, lambda: _direct_args("wgrad")),
+    "direct across filters, border": (fvb._forward_parallel, _border_args),
     "winograd inputs": (wg.inputs, _winograd_inputs_args),
     "winograd outputs": (wg._outputs_parallel, _winograd_outputs_args),
     "winograd fused bands": (wgf.conv3x3, lambda: (np.zeros((2, 8, 6, 6), np.float32), _f32(2, 4, 6, 6),
