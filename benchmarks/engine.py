@@ -516,7 +516,7 @@ class Phase:
                 if "sgemm" in got:
                     self.sgemm.append(got["sgemm"])
                 if "layers" in got:
-                    self.tables[kind] = got["layers"]
+                    self.tables[kind] = layers_reply(got["layers"])
 
     def finish(self) -> None:
         """Medians, the peers and the ratios, per-layer tables, GFLOP/s and peak memory."""
@@ -560,9 +560,15 @@ class Phase:
                     result["torch_conv_forward_gflops"] = conv_gflops(prep, per["torch"]["fwd"], batch)
 
 
+def layers_reply(table: dict) -> dict:
+    """A worker's per-layer timing as the tables read it: `computed_flops` keyed by layer index
+    again (JSON made the keys strings)."""
+    return {**table, "computed_flops": {int(i): f for i, f in table.get("computed_flops", {}).items()}}
+
+
 def layer_table(prep: Prepared, table: dict, batch: int) -> list[dict]:
     rows = []
-    computed = {int(i): f for i, f in table["darkpy"].get("computed_flops", {}).items()}
+    computed = table["darkpy"].get("computed_flops", {})
     for (index, kind, shape, flops) in prep.layer_rows:
         row = {"index": index, "kind": kind, "out_shape": list(shape), "mflop": flops * batch / 1e6,
                "desc": prep.descs[index], "darkpy_fwd_ms": table["darkpy"]["fwd"][index] * 1e3}
@@ -583,7 +589,7 @@ def layer_table(prep: Prepared, table: dict, batch: int) -> list[dict]:
 def conv_gflops(prep: Prepared, fwd_times: list[float], batch: int, computed: dict | None = None) -> float:
     """The convolution layers' FLOPs over their forward time: each layer's nominal count, or what
     it `computed` instead (layer index -> FLOPs per item, e.g. a convolution averaging first)."""
-    computed = {int(i): f for i, f in (computed or {}).items()}
+    computed = computed or {}
     t = sum(fwd_times[i] for (i, kind, _s, _f) in prep.layer_rows if kind == "convolutional")
     flops = sum(computed.get(i, f) for (i, kind, _s, f) in prep.layer_rows if kind == "convolutional")
     return flops * batch / t / 1e9 if t > 0 else 0.0

@@ -259,6 +259,7 @@ def test_layer_tables_count_what_darkpy_computed_for_a_convolution_averaging_fir
            "weights": str(tmp_path / "d.weights"), "input": str(tmp_path / "x.npy")}
     table = json.loads(json.dumps(DarkpyRunner(job).layers(2)))     # as the worker's reply
     assert table["computed_flops"] == {"5": 64 * 16 + 2 * 64 * 10}
+    table = engine.layers_reply(table)                              # as the engine reads it
     rows = [(l.index, l.kind, tuple(l.out_shape), float(l.flops())) for l in net.layers]
     prep = SimpleNamespace(layer_rows=rows, descs=[engine.layer_desc(l) for l in net.layers])
     got = {r["index"]: r for r in engine.layer_table(prep, {"darkpy": table}, 2)}
