@@ -58,7 +58,7 @@ def _border_args():
     wt = np.empty(w[0].size * fv.padded_filters(40), np.float32)
     fv.filters_last(wt, w)
     return (np.zeros((8, 40, 4, 4), np.float32), _f32(8, 16, 4, 4), wt, 3, 1, np.ones(40), np.zeros(40),
-            act.LEAKY, False, True, fv.TILE or 4, np.zeros((8, 40, 2, 2), np.float32), 2)
+            act.LEAKY, False, True, np.zeros((8, 40, 2, 2), np.float32), 2)
 
 
 def _winograd_inputs_args():

@@ -40,7 +40,7 @@ from numba import prange
 from . import PARALLEL_MIN, njit, simd, vjit
 from .activations import LEAKY, LINEAR, RELU
 from .bn import affine_act_row
-from .fv_tiles import FV, _jit, _serial, _tile4, _tile6, _tile8, block_at, identity
+from .fv_tiles import FV, _jit, _serial, block_at, identity, run_tile
 from .pool2x2 import max4v, no_pool, pools_first
 
 #: Output positions per unit of parallel work (whole microkernels of 4 or 6 positions).
@@ -184,6 +184,13 @@ def filters_last(wt, w):
             row = wt[block_at(f0, taps) + t * FV:block_at(f0, taps) + (t + 1) * FV]
             for j in range(FV):
                 row[j] = wf[f0 + j, t] if f0 + j < n else 0
+
+
+@_jit
+def tile_positions(taps, S):
+    """Positions per microkernel for filters of `taps` taps on maps of S positions: TILE, else 6
+    for wide layers (WIDE_MIN_TAPS, WIDE_MIN_POSITIONS), else 4."""
+    return TILE if TILE else (6 if taps >= WIDE_MIN_TAPS and S >= WIDE_MIN_POSITIONS else 4)
 
 
 @_jit
@@ -334,8 +341,7 @@ def _unit(y, src, item, wt, toff, tidx, pos, t, groups, runs, k, off, act, add, 
     p_hi = min(p_lo + UNIT_POSITIONS, S)
     nf = min(FV, N - f0)
     w0 = block_at(f0, taps)
-    wide = taps >= WIDE_MIN_TAPS and S >= WIDE_MIN_POSITIONS
-    pv = TILE if TILE else (6 if wide else 4)
+    pv = tile_positions(taps, S)
     kc = max(1, chunk_bytes // (FV * wt.itemsize))         # taps per chunk
     chunks = -(-taps // kc)
     pooled = p.shape[0] > 0
@@ -353,12 +359,7 @@ def _unit(y, src, item, wt, toff, tidx, pos, t, groups, runs, k, off, act, add, 
             tile = out[(p0 - p_lo) * FV:] if whole else out
             # one tile prefetches the next chunk (after the last, the next unit's block)
             pf = min(kc, taps) * FV if prefetch and p0 == pf_at else 0
-            if pv == 8:
-                _tile8(tile, src, b * item, wt, w0, toff, tidx, t0, t1, ch > 0, pos, p0, pf)
-            elif pv == 6:
-                _tile6(tile, src, b * item, wt, w0, toff, tidx, t0, t1, ch > 0, pos, p0, pf)
-            else:
-                _tile4(tile, src, b * item, wt, w0, toff, tidx, t0, t1, ch > 0, pos, p0, pf)
+            run_tile(pv, tile, src, b * item, wt, w0, toff, tidx, t0, t1, ch > 0, pos, p0, pf)
             if ch < chunks - 1:
                 continue
             npos = min(pv, p_hi - p0)

@@ -24,9 +24,9 @@ import numpy as np
 from numba import prange
 
 from . import njit, simd
-from .direct_fv import (CHUNK_BYTES, TILE, WIDE_MIN_POSITIONS, WIDE_MIN_TAPS, _epilogue_tile,
-                        _padded, _pool_run, _pools_first, _unit_jit)
-from .fv_tiles import FV, _jit, _serial, _tile4, _tile6, _tile8, block_at
+from .direct_fv import (CHUNK_BYTES, _epilogue_tile, _padded, _pool_run, _pools_first, _unit_jit,
+                        tile_positions)
+from .fv_tiles import FV, _jit, _serial, block_at, run_tile
 
 #: Take padded stride-1 layers in batches of at least MIN_ITEMS items (fewer: a small map's classes
 #: fill few microkernels; the padded path runs). False: never. Measured against the padded path,
@@ -126,12 +126,7 @@ def _run(yf, src, wt, taps, N, S, toff, tidx, t0, t1, pos, dst, lo, hi, end, f0,
     nf = min(FV, N - f0)
     w0 = block_at(f0, taps)
     for p0 in range(lo, hi, pv):
-        if pv == 8:
-            _tile8(tile, src, 0, wt, w0, toff, tidx, t0, t1, False, pos, p0, 0)
-        elif pv == 6:
-            _tile6(tile, src, 0, wt, w0, toff, tidx, t0, t1, False, pos, p0, 0)
-        else:
-            _tile4(tile, src, 0, wt, w0, toff, tidx, t0, t1, False, pos, p0, 0)
+        run_tile(pv, tile, src, 0, wt, w0, toff, tidx, t0, t1, False, pos, p0, 0)
         npos = min(pv, end - p0)
         if epilogue:
             _epilogue_tile(tile, npos, k, off, f0, act)
@@ -180,9 +175,10 @@ def _units(yf, src, wt, taps, N, S, B, tstart, toff, tidx, pstart, filled, pos, 
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _forward_parallel(y, x, wt, k, pad, kk, off, act, add, tiled, pv, p, threads):
+def _forward_parallel(y, x, wt, k, pad, kk, off, act, add, tiled, p, threads):
     B, N, oh, ow = y.shape
     C, H, W = x.shape[1], x.shape[2], x.shape[3]
+    pv = tile_positions(C * k * k, oh * ow)
     groups = -(-N // FV)
     tstart, toff, tidx, pstart, filled, pos, dst, per_item = _tables(B, C, H, W, N, k, pad, oh,
                                                                      ow, pv)
@@ -201,7 +197,4 @@ def conv_forward(y, x, wt, k, pad, kk, off, act, add, tiled, p, threads):
     the stride-1 correlation of x with the filters laid out by `filters_last` in wt, zero padding
     `pad`; through the epilogue kk, off, act on the tiles when `tiled` (else kk is empty). With a
     pooled output p (not empty, `tiled`), its 2x2 maxima go there instead of y."""
-    taps, S = x.shape[1] * k * k, y.shape[2] * y.shape[3]
-    wide = taps >= WIDE_MIN_TAPS and S >= WIDE_MIN_POSITIONS
-    pv = TILE if TILE else (6 if wide else 4)
-    _forward_parallel(y, x, wt, k, pad, kk, off, act, add, tiled, pv, p, threads)
+    _forward_parallel(y, x, wt, k, pad, kk, off, act, add, tiled, p, threads)

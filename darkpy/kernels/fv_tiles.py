@@ -141,6 +141,17 @@ def _tile4(out, src, s0, wt, w0, toff, tidx, t0, t1, acc, pos, p0, pf):
     _store8(out, a00, a01, a10, a11, a20, a21, a30, a31)
 
 
+@_jit
+def run_tile(pv, out, src, s0, wt, w0, toff, tidx, t0, t1, acc, pos, p0, pf):
+    """The microkernel of pv positions (`_tile8`, `_tile6`, else `_tile4`) on these arguments."""
+    if pv == 8:
+        _tile8(out, src, s0, wt, w0, toff, tidx, t0, t1, acc, pos, p0, pf)
+    elif pv == 6:
+        _tile6(out, src, s0, wt, w0, toff, tidx, t0, t1, acc, pos, p0, pf)
+    else:
+        _tile4(out, src, s0, wt, w0, toff, tidx, t0, t1, acc, pos, p0, pf)
+
+
 @_serial
 def identity(n):
     """The taps 0..n−1 in order (the microkernels' tidx where no tap is left out). A loop on its
