@@ -28,7 +28,8 @@ While outputs are shared, `fuse_pools` also lets a convolution whose output only
 2x2 stride-2 [maxpool], reads write that maxpool's output itself (its own output is then never
 written): the pooling happens while each block of output is in the cache. A linear 1x1 convolution
 read only by a global [avgpool] writes the pool's output the same way, averaging its input first
-(layers/conv_averaged.py).
+(layers/conv_averaged.py), and the convolution before it, where only that one reads its output and
+it is on the direct path across filters, writes those means instead of its output.
 
 A layer never writes over its own input: the input's life reaches at least to that layer, so the
 two never share memory. Outputs other than the kept ones hold garbage after a forward, which is
@@ -47,6 +48,12 @@ FUSE_POOLS = True
 #: `fuse_pools`: a linear 1x1 convolution writes the global [avgpool] after it, averaging first
 #: (layers/conv_averaged.py). False: never.
 AVERAGE_FIRST = True
+#: `fuse_pools`: the convolution before such a pair writes the means of its output maps (the
+#: direct path across filters, layers/conv_direct_fv.py). False: never. digits' forward at b64
+#: (its 32 -> 64 on 4x4 writes the means for the 64 -> 10), alternating processes, 2 threads:
+#: 423-445 -> 361-378 µs (the 3x3 layer skips scattering its outputs into NCHW, the pair its
+#: parallel average pool); at b1, and darknet19's at b1, level.
+WRITE_MEANS = True
 #: `views`: [route] parts written in place. False: every route copies its parts.
 ROUTE_VIEWS = True
 
@@ -207,8 +214,9 @@ def fuse_pools(layers: Sequence, output_index: int, keep: Iterable[int]) -> int:
     that is not kept) write that pool's output itself where it can: into a 2x2 stride-2 maxpool
     (`can_write_pooled`: a convolution's Winograd or direct path, pooling each block of output
     while the block is in the cache), into a global avgpool (`can_write_averaged`: a linear 1x1
-    convolution, averaging its input first). Its own output is then never written, and the pool's
-    forward does nothing. Returns the pairs fused. Run after `apply`, on layers `allocate` has just
+    convolution, averaging its input first; the convolution before it may then write the means
+    itself, `_write_means`). Its own output is then never written, and the pool's forward does
+    nothing. Returns the pairs fused. Run after `apply`, on layers `allocate` has just
     reset."""
     if not FUSE_POOLS:
         return 0
@@ -224,11 +232,23 @@ def fuse_pools(layers: Sequence, output_index: int, keep: Iterable[int]) -> int:
         elif AVERAGE_FIRST and hasattr(layer, "can_write_averaged") and layer.can_write_averaged(pool):
             layer.average_into = pool
             layer.averaged_scratch()
+            _write_means(layers, i, kept, last)
         else:
             continue
         pool.pooled_by = layer
         fused += 1
     return fused
+
+
+def _write_means(layers: Sequence, i: int, kept: set[int], last: list[int]) -> None:
+    """Let the layer before layers[i] (a convolution that averages its input first), when only
+    layers[i] reads its output and it is not kept, write the means of its output maps straight
+    into layers[i] where it can (`can_write_means`): its own output is then never written."""
+    if not WRITE_MEANS or i == 0 or i - 1 in kept or last[i - 1] != i:
+        return
+    prev = layers[i - 1]
+    if hasattr(prev, "can_write_means") and prev.can_write_means():
+        prev.means_into, layers[i].means_by = layers[i], prev
 
 
 def output_bytes(layers: Sequence) -> int:

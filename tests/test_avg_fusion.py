@@ -99,3 +99,31 @@ def test_not_fused_when_the_convolution_is_read_after_the_forward(monkeypatch):
     assert net.layers[2].pooled_by is None
     np.testing.assert_allclose(net.layers[2].output.reshape(2, -1),
                                net.layers[1].output.reshape(2, 10, -1).mean(axis=2), rtol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [16, 3])          # the border path's sums; y, then its means
+def test_the_convolution_before_writes_the_means(batch, monkeypatch):
+    """The 3x3 convolution before the pair (on the direct path across filters) writes the means
+    of its maps into the pair, which then only takes the product: the pool's output is the three
+    layers' run apart within rounding; not where the 3x3 convolution's output is kept."""
+    net = _net(s=4, c=32, batch=batch)
+    x = np.random.default_rng(4).uniform(-1, 1, net.input.shape).astype(np.float32)
+    ref = net.forward(x).copy()
+    pooled = net.layers[2].output.copy()
+    averaged = []
+    monkeypatch.setattr(conv_averaged, "avgpool_forward", lambda *a: averaged.append(1))
+    net.share_outputs(keep=[2])
+    assert net.layers[0].direct_fv
+    assert net.layers[0].means_into is net.layers[1] and net.layers[1].means_by is net.layers[0]
+    net._arena[...] = np.nan
+    np.testing.assert_allclose(net.forward(x), ref, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(net.layers[2].output, pooled, rtol=2e-5, atol=1e-6)
+    assert not averaged
+    net.share_outputs(keep=[0, 2])
+    assert net.layers[0].means_into is None and net.layers[1].means_by is None
+    monkeypatch.setattr(outputs_plan, "WRITE_MEANS", False)
+    net.share_outputs(keep=[2])
+    assert net.layers[0].means_into is None and net.layers[1].average_into is net.layers[2]
+    net.unshare_outputs()
+    assert net.layers[0].means_into is None and net.layers[1].means_by is None
+    np.testing.assert_array_equal(net.forward(x), ref)

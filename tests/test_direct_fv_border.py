@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks.engine import sane_weights
+from darkpy import outputs_plan
 from darkpy.kernels import direct_fv as fv
 from darkpy.kernels import direct_fv_border as border
 from darkpy.kernels.activations import LEAKY, LINEAR, RELU
@@ -106,6 +107,29 @@ def test_pooled_output_same_bits_as_the_padded_path(batch, h, act, monkeypatch):
     np.testing.assert_array_equal(pools[0], pools[1])
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("border_on", [True, False])
+def test_means_are_the_output_maps_means(shape, border_on, monkeypatch):
+    """The maps' means written instead of the output (for a following layer that averages its
+    input first): each the mean of the padded path's output map, summed in another order. On
+    the border path y is not written; elsewhere y is written, then averaged."""
+    B, C, H, W, N, k, pad = shape
+    rng = np.random.default_rng(sum(shape) + 2)
+    x = rng.standard_normal((B, C, H, W)).astype(np.float32)
+    w = rng.standard_normal((N, C, k, k)).astype(np.float32)
+    epi = (rng.uniform(-1, 1, N), rng.normal(0, 0.1, N), LEAKY)
+    y = _forward(x, w, pad, *epi, on=False, monkeypatch=monkeypatch)
+    mean = np.full((B, N), np.nan, np.float32)
+    calls = _taken(monkeypatch)
+    out = np.full_like(y, np.nan)
+    monkeypatch.setattr(border, "BORDER", border_on)
+    fv.conv_forward(out, x, _weights(w), k, 1, 1, pad, *epi, mean=mean)
+    assert bool(calls) == border_on
+    assert np.isnan(out).all() if border_on else np.array_equal(out, y)
+    np.testing.assert_allclose(mean, y.mean(axis=(2, 3), dtype=np.float64), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="means"):
+        fv.conv_forward(out, x, _weights(w), k, 1, 1, pad, mean=mean)      # no epilogue
+
 
 def test_same_bits_at_one_and_two_threads(monkeypatch):
     rng = np.random.default_rng(5)
@@ -134,7 +158,10 @@ def test_which_calls_it_takes():
 
 def test_network_gives_the_padded_paths_outputs(monkeypatch):
     """digits' layers at b16: inference (with its pools written by the convolutions) and a training
-    step's forward, backward (the input gradient is this forward with padding k − 1) and update."""
+    step's forward, backward (the input gradient is this forward with padding k − 1) and update.
+    (Not its last 3x3 convolution writing its maps' means: both paths sum them in their own order,
+    tests/test_avg_fusion.py.)"""
+    monkeypatch.setattr(outputs_plan, "WRITE_MEANS", False)
     with open("cfg/digits.cfg") as f:
         text = f.read()
     outs = {}

@@ -456,13 +456,16 @@ def writes_pooled(dtype, act: int, positions: int) -> bool:
 
 
 def conv_forward(y, x, wt, k, sy, sx, pad, kk=_NO_AFFINE, off=_NO_AFFINE, act=0, add=False,
-                 pool=None):
+                 pool=None, mean=None):
     """y (B, N, OH, OW) := the correlation of x (B, C, H, W) with the k x k filters laid out by
     `filters_last` in wt, stride (sy, sx), zero padding `pad` on every side (with `add`: y += it).
     kk, off: (N,) float64 and the activation code `act`, or empty: then every output plane becomes
     act(y·kk[f] + off[f]) as it is written (the inference epilogue). `pool` (B, N, OH/2, OW/2),
     with the epilogue and even OH, OW, where `writes_pooled`: the 2x2 stride-2 maxima of each
-    output plane go there and y is not written. Serial below PARALLEL_MIN output values unless
+    output plane go there and y is not written. `mean` (B, N), with the epilogue on the tiles
+    (`writes_means`) and not `add`: each output plane's mean goes there (its sum in some order,
+    then / OH·OW), and y is written only where the layer is not on the border path (which sums
+    the tiles as they come; the others average y after). Serial below PARALLEL_MIN output values unless
     they take PARALLEL_MIN_MACS multiply-adds or more (a 7x7 map's few outputs over thousands of
     taps). A parallel, padded stride-1 layer in a batch computes only the taps inside the input
     (kernels/direct_fv_border.py), where its epilogue is on the tiles or there is none."""
@@ -477,11 +480,35 @@ def conv_forward(y, x, wt, k, sy, sx, pad, kk=_NO_AFFINE, off=_NO_AFFINE, act=0,
     macs = B * padded_filters(N) * OH * OW * x.shape[1] * k * k       # what the microkernels do
     serial = n < PARALLEL_MIN and macs < PARALLEL_MIN_MACS
     tiled = kk.shape[0] > 0 and y.dtype == np.float32 and act in (LINEAR, LEAKY, RELU)
+    if mean is not None and not (tiled and not add and pool is None and mean.shape == (B, N)):
+        raise ValueError(f"direct_fv.conv_forward cannot write the maps' means here ({y.dtype}, "
+                         f"activation {act}, add {add}, means {mean.shape})")
     p = no_pool(y.dtype) if pool is None else pool
     if ((tiled or not kk.shape[0]) and not serial and (pool is None or border.POOLED)
             and border.applies(sy, sx, pad, k, B, x.shape[1] * k * k, y.itemsize)):
-        border.conv_forward(y, x, wt, k, pad, kk, off, act, add, tiled, p, numba.get_num_threads())
+        m = np.empty(0, y.dtype) if mean is None else mean.reshape(mean.size)
+        border.conv_forward(y, x, wt, k, pad, kk, off, act, add, tiled, p, m,
+                            numba.get_num_threads())
         return
     run = _forward_serial if serial else _forward_parallel
     run(y.reshape(B, N, OH * OW), x, wt, k, sy, sx, pad, OH, OW, kk, off, act, add, CHUNK_BYTES,
         PREFETCH, p, numba.get_num_threads())
+    if mean is not None:
+        _means(mean, y.reshape(B, N, OH * OW))
+
+
+def writes_means(dtype, act: int) -> bool:
+    """Whether `conv_forward` can write its output planes' means instead of the output: in float32
+    with the epilogue on the tiles (linear, leaky, relu)."""
+    return np.dtype(dtype) == np.float32 and act in (LINEAR, LEAKY, RELU)
+
+
+@njit(cache=True, nogil=True)
+def _means(mean, y):
+    """mean (B, N) := y (B, N, S) summed over S in order, then / S."""
+    for b in range(y.shape[0]):
+        for f in range(y.shape[1]):
+            acc = y[b, f, 0]
+            for j in range(1, y.shape[2]):
+                acc += y[b, f, j]
+            mean[b, f] = acc / y.shape[2]

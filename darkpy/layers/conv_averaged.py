@@ -17,6 +17,11 @@ The values are those of the two layers run apart up to rounding (the sums in ano
 channel's mean, then the products, where the pool averaged the products), not the same bits; it is
 for the shared-outputs inference alone, which never shows the convolution's own output, and the
 pool's output is tested against the two layers run apart (tests/test_avg_fusion.py).
+
+Where the convolution before the pair is on the direct path across filters and only the pair reads
+its output, it writes the means itself (`input_means`, `outputs_plan._write_means`), summing its
+tiles as they come out of the microkernel instead of writing its maps; the pair then only takes the
+product.
 """
 from __future__ import annotations
 
@@ -61,6 +66,11 @@ class AveragedConv:
         """The (B, c) means `_forward_averaged` writes, made when `fuse_pools` fuses the pair."""
         self._averaged = np.empty((self.batch, self.in_shape[0]), self.dtype)
 
+    def input_means(self) -> np.ndarray:
+        """The (B, c) means of the input, for the layer before to write (`means_by`, set by
+        `fuse_pools`): `_forward_averaged` then only takes the product."""
+        return self._averaged
+
     def _forward_averaged(self, x: np.ndarray, epilogue: tuple) -> None:
         """The pool's output (B, n) := the mean of x (B, c, h, w) over its map (as [avgpool]
         computes it: sum, then divide), times the weights, then `epilogue`'s raw·k + off (see
@@ -72,10 +82,11 @@ class AveragedConv:
         k, off, _ = epilogue
         out = self.average_into.output.reshape(b, self.n)
         w = self.weights.value.reshape(self.n, c)
-        if x.size <= SMALL_VALUES and b * c * self.n <= SMALL_MACS:
-            _small(out, self._averaged, x.reshape(b, c, -1), w, k, off)
-            return
-        avgpool_forward(self._averaged.reshape(-1), x.reshape(b * c, -1))
+        if self.means_by is None:           # else the layer before wrote the means
+            if x.size <= SMALL_VALUES and b * c * self.n <= SMALL_MACS:
+                _small(out, self._averaged, x.reshape(b, c, -1), w, k, off)
+                return
+            avgpool_forward(self._averaged.reshape(-1), x.reshape(b * c, -1))
         if b * c * self.n >= PARALLEL_MIN_MACS:
             _product_parallel(out, self._averaged, w, k, off, numba.get_num_threads())
         else:

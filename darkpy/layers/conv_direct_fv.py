@@ -40,12 +40,17 @@ class DirectFvConv:
         super().weights_changed()
         self._kept_wt = None
 
-    def _forward_fv(self, x, y, epilogue: tuple, pool=None) -> None:
+    def _forward_fv(self, x, y, epilogue: tuple, pool=None, mean=None) -> None:
         """y (B, n, oh, ow) := the correlation of x (B, c, h, w), then `epilogue` (see
         `inference_epilogue`) when not empty; with `pool`, its 2x2 maxima written there instead
-        (`_fv_writes_pooled`)."""
+        (`_fv_writes_pooled`); with `mean` (B, n), each map's mean (`can_write_means`)."""
         fv.conv_forward(y, x, self.filters_last(), self.size, self.stride_y, self.stride_x,
-                        self.padding, *epilogue, pool=pool)
+                        self.padding, *epilogue, pool=pool, mean=mean)
+
+    def _fv_writes_means(self) -> bool:
+        """Whether this path's inference forward can write its output maps' means instead of the
+        output (`fv.writes_means`: the epilogue on the tiles)."""
+        return self.direct_fv and fv.writes_means(self.dtype, act.kernel_code(self.act, self.dtype))
 
     def _fv_writes_pooled(self) -> bool:
         """Whether this path's inference forward can write a following 2x2 maxpool

@@ -168,8 +168,9 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, Layer):
         #: the 2x2 [maxpool] right after, whose output an inference forward writes itself (set by
         #: `outputs_plan.fuse_pools` while outputs are shared; this layer's own output is then not
         #: written at all), or None; the same for the global [avgpool] right after
-        #: (`can_write_averaged`)
-        self.pool_into = self.average_into = None
+        #: (`can_write_averaged`); the averaging layer right after whose input means an inference
+        #: forward writes (`can_write_means`), and the layer writing this one's
+        self.pool_into = self.average_into = self.means_into = self.means_by = None
         self._trained = False                      # last forward was in training mode
 
     # -- construction ---------------------------------------------------------------------------
@@ -292,7 +293,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, Layer):
                               or self.wide or self.pointwise)
                          and self.groups == 1 and self.chunk >= batch)
         self._kept_u = None
-        self.pool_into = self.average_into = None
+        self.pool_into = self.average_into = self.means_into = self.means_by = None
         if self.winograd:
             self._winograd_allocate(batch)
         self.affine = np.empty((2, self.n))     # `inference_epilogue`'s k and off
@@ -333,6 +334,12 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, Layer):
         return ((self.winograd or self.direct)
                 and self.out_shape[1] * self.out_shape[2] >= POOLED_MIN_POSITIONS
                 or self._fv_writes_pooled())
+
+    def can_write_means(self) -> bool:
+        """Whether an inference forward can write the means of its output maps instead of the
+        output, for a following convolution that averages its input first
+        (`outputs_plan.fuse_pools`): the direct path across filters (`_fv_writes_means`)."""
+        return FUSED_EPILOGUE and self._fv_writes_means()
 
     def _use_winograd(self, batch: int) -> bool:
         """Winograd for this batch: a shape it computes (`winograd_tiles`) with enough output tiles
@@ -446,6 +453,10 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, Layer):
         if self.average_into is not None and not s.train:
             self._forward_averaged(x, self._inference_epilogue())
             self._fused = True
+            return
+        if self.means_into is not None and not s.train:
+            self._forward_fv(x, y.reshape(self.batch, self.n, oh, ow), self._epilogue(False),
+                             mean=self.means_into.input_means())
             return
         pool = None
         if self.pool_into is not None and not s.train:
