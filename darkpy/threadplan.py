@@ -38,6 +38,8 @@ from typing import Callable, Sequence
 import numba
 from numba.np.ufunc import parallel as _numba_parallel
 
+from .kernels import thread_count
+
 #: Timed passes per arm (all threads, one thread) before a layer's thread count is chosen, where
 #: the first timed pass took less than LONG_PASS_S, else SAMPLES_LONG (a training step of seconds
 #: then measures for fewer steps). On the 2-core AVX-512 Xeon VM, whose second core is now and
@@ -167,16 +169,6 @@ class ThreadPlan:
                            for many, one in zip(*self.best)]
 
 
-def _current_threads() -> int:
-    """numba.get_num_threads(), without the public function's pool-launch check once the pool is up
-    (0.2 against 1.5 µs a call: every pass asks)."""
-    getter = getattr(_numba_parallel, "_get_num_threads", None)
-    if getter is None or not getattr(_numba_parallel, "_is_initialized", False):
-        return numba.get_num_threads()
-    n = getter()
-    return n if n > 0 else numba.get_num_threads()
-
-
 class ThreadPlans:
     """The network's plans, one per kind of pass; `plan(key, layers)` is None on one thread."""
 
@@ -187,7 +179,7 @@ class ThreadPlans:
         self._plans: dict[tuple, ThreadPlan] = {}
 
     def plan(self, key: tuple, layers: int) -> ThreadPlan | None:
-        threads = _current_threads()
+        threads = thread_count()
         if not self.enabled or threads < 2:
             return None
         key = (*key, threads)

@@ -24,11 +24,10 @@ Like im2col these compute Darknet's cross-correlation.
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import prange
 
-from . import PARALLEL_MIN, njit, simd, vjit
+from . import PARALLEL_MIN, njit, simd, thread_count, vjit
 from .bn import affine_act_row
 from .pool2x2 import epilogue_pool_rows, no_pool
 
@@ -565,4 +564,4 @@ def conv_forward(y, x, w, sy, sx, pad, rows, k=_NO_AFFINE, off=_NO_AFFINE, act=0
     serial = y.size < PARALLEL_MIN and y.size * w[0].size < PARALLEL_MIN * PARALLEL_MIN_TAPS
     run = _conv_forward_serial if serial else _conv_forward_parallel
     run(y, x, w, sy, sx, pad, rows, k, off, act, no_pool(y.dtype) if pool is None else pool,
-        numba.get_num_threads())
+        thread_count())

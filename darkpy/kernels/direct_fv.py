@@ -33,11 +33,12 @@ Like `direct.py` this computes Darknet's cross-correlation.
 """
 from __future__ import annotations
 
-import numba
+import functools
+
 import numpy as np
 from numba import prange
 
-from . import PARALLEL_MIN, njit, simd, vjit
+from . import PARALLEL_MIN, njit, simd, thread_count, vjit
 from .activations import LEAKY, LINEAR, RELU
 from .bn import affine_act_row
 from .fv_tiles import FV, _jit, _serial, block_at, identity, run_tile
@@ -447,12 +448,28 @@ def _forward_parallel(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk
 _NO_AFFINE = np.empty(0)
 
 
+@functools.cache
+def _no_means(dtype) -> np.ndarray:
+    """The border path's 'no means' argument: an empty array (one per dtype, never written)."""
+    return np.empty(0, dtype)
+
+
+def on_tiles(dtype, act: int) -> bool:
+    """Whether the epilogue goes through the tiles in vectors (`_epilogue_tile`) rather than over
+    the rows written: in float32, for linear, leaky and relu."""
+    return np.dtype(dtype) == np.float32 and act in (LINEAR, LEAKY, RELU)
+
+
 def writes_pooled(dtype, act: int, positions: int) -> bool:
-    """Whether `conv_forward` can write a 2x2 stride-2 pool of its output instead of the output: in
-    float32 with the epilogue on the tiles (linear, leaky, relu), a map within one run of
-    UNIT_POSITIONS."""
-    return (POOLED and np.dtype(dtype) == np.float32 and act in (LINEAR, LEAKY, RELU)
-            and positions <= UNIT_POSITIONS)
+    """Whether `conv_forward` can write a 2x2 stride-2 pool of its output instead of the output:
+    with the epilogue on the tiles (`on_tiles`), a map within one run of UNIT_POSITIONS."""
+    return POOLED and on_tiles(dtype, act) and positions <= UNIT_POSITIONS
+
+
+def writes_means(dtype, act: int) -> bool:
+    """Whether `conv_forward` can write its output planes' means instead of the output: with the
+    epilogue on the tiles (`on_tiles`)."""
+    return on_tiles(dtype, act)
 
 
 def conv_forward(y, x, wt, k, sy, sx, pad, kk=_NO_AFFINE, off=_NO_AFFINE, act=0, add=False,
@@ -464,43 +481,36 @@ def conv_forward(y, x, wt, k, sy, sx, pad, kk=_NO_AFFINE, off=_NO_AFFINE, act=0,
     with the epilogue and even OH, OW, where `writes_pooled`: the 2x2 stride-2 maxima of each
     output plane go there and y is not written. `mean` (B, N), with the epilogue on the tiles
     (`writes_means`) and not `add`: each output plane's mean goes there (its sum in some order,
-    then / OH·OW), and y is written only where the layer is not on the border path (which sums
-    the tiles as they come; the others average y after). Serial below PARALLEL_MIN output values unless
-    they take PARALLEL_MIN_MACS multiply-adds or more (a 7x7 map's few outputs over thousands of
-    taps). A parallel, padded stride-1 layer in a batch computes only the taps inside the input
-    (kernels/direct_fv_border.py), where its epilogue is on the tiles or there is none."""
-    from . import direct_fv_border as border        # (it imports this module's microkernels)
+    then / OH·OW); y is written only off the border path (which sums the tiles as they come; the
+    others average y after).
+
+    Serial below PARALLEL_MIN output values unless they take PARALLEL_MIN_MACS multiply-adds or
+    more (a 7x7 map's few outputs over thousands of taps). A parallel, padded stride-1 layer in a
+    batch computes only the taps inside the input (kernels/direct_fv_border.py), where its
+    epilogue is on the tiles or there is none."""
     B, N, OH, OW = y.shape
-    if pool is not None and not (kk.shape[0] and not add and OH % 2 == 0 and OW % 2 == 0
+    tiled = kk.shape[0] > 0 and on_tiles(y.dtype, act)
+    if pool is not None and not (tiled and not add and OH % 2 == 0 and OW % 2 == 0
                                  and pool.shape == (B, N, OH // 2, OW // 2)
                                  and writes_pooled(y.dtype, act, OH * OW)):
         raise ValueError(f"direct_fv.conv_forward cannot write a pooled output here ({y.dtype}, "
                          f"activation {act}, {OH}x{OW} map, pool {pool.shape})")
-    n = y.size
-    macs = B * padded_filters(N) * OH * OW * x.shape[1] * k * k       # what the microkernels do
-    serial = n < PARALLEL_MIN and macs < PARALLEL_MIN_MACS
-    tiled = kk.shape[0] > 0 and y.dtype == np.float32 and act in (LINEAR, LEAKY, RELU)
     if mean is not None and not (tiled and not add and pool is None and mean.shape == (B, N)):
         raise ValueError(f"direct_fv.conv_forward cannot write the maps' means here ({y.dtype}, "
                          f"activation {act}, add {add}, means {mean.shape})")
+    macs = B * padded_filters(N) * OH * OW * x.shape[1] * k * k       # what the microkernels do
+    serial = y.size < PARALLEL_MIN and macs < PARALLEL_MIN_MACS
     p = no_pool(y.dtype) if pool is None else pool
     if ((tiled or not kk.shape[0]) and not serial and (pool is None or border.POOLED)
             and border.applies(sy, sx, pad, k, B, x.shape[1] * k * k, y.itemsize)):
-        m = np.empty(0, y.dtype) if mean is None else mean.reshape(mean.size)
-        border.conv_forward(y, x, wt, k, pad, kk, off, act, add, tiled, p, m,
-                            numba.get_num_threads())
+        m = _no_means(y.dtype) if mean is None else mean.reshape(mean.size)
+        border.conv_forward(y, x, wt, k, pad, kk, off, act, add, tiled, p, m, thread_count())
         return
     run = _forward_serial if serial else _forward_parallel
     run(y.reshape(B, N, OH * OW), x, wt, k, sy, sx, pad, OH, OW, kk, off, act, add, CHUNK_BYTES,
-        PREFETCH, p, numba.get_num_threads())
+        PREFETCH, p, thread_count())
     if mean is not None:
         _means(mean, y.reshape(B, N, OH * OW))
-
-
-def writes_means(dtype, act: int) -> bool:
-    """Whether `conv_forward` can write its output planes' means instead of the output: in float32
-    with the epilogue on the tiles (linear, leaky, relu)."""
-    return np.dtype(dtype) == np.float32 and act in (LINEAR, LEAKY, RELU)
 
 
 @njit(cache=True, nogil=True)
@@ -512,3 +522,7 @@ def _means(mean, y):
             for j in range(1, y.shape[2]):
                 acc += y[b, f, j]
             mean[b, f] = acc / y.shape[2]
+
+
+# (at the end: the border path imports this module's microkernels)
+from . import direct_fv_border as border  # noqa: E402

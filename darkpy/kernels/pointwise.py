@@ -25,11 +25,10 @@ Each output is summed over the channels in order (OpenBLAS sums in its own order
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import prange
 
-from . import njit, simd
+from . import njit, simd, thread_count
 from .bn import affine_act_row
 from .microgemm import CV, rows8x1, rows8x2
 
@@ -161,7 +160,7 @@ def conv_forward(y, x, w, k=_NO_AFFINE, off=_NO_AFFINE, act=0):
     epilogue). Units of work are runs of an item's positions, whole vectors of CV, at least four
     per thread when the batch has fewer items; serial below PARALLEL_MIN_MACS multiply-adds."""
     B, N, P = y.shape
-    threads = numba.get_num_threads()
+    threads = thread_count()
     runs = max(1, -(-4 * threads // B))
     cols = max(CV, -(-P // runs // CV) * CV)
     serial = threads == 1 or y.size * x.shape[1] < PARALLEL_MIN_MACS

@@ -9,6 +9,7 @@ the first position stays.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -99,6 +100,8 @@ def epilogue_pool_rows(p, x, k, off, act):
         pool_rows(p, x)
 
 
+@functools.cache
 def no_pool(dtype) -> np.ndarray:
-    """The 'no pooled output' argument of the kernels that take one: an empty 4-d array."""
+    """The 'no pooled output' argument of the kernels that take one: an empty 4-d array (one per
+    dtype, shared: nothing is ever written to it)."""
     return np.empty((0, 0, 0, 0), dtype)

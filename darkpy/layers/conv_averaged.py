@@ -25,11 +25,10 @@ product.
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import prange
 
-from ..kernels import jit, pjit, simd
+from ..kernels import jit, pjit, simd, thread_count
 from .pooling import avgpool_forward
 
 #: Most input values and multiply-adds (batch · c · n) of a pair computed in one serial kernel
@@ -88,7 +87,7 @@ class AveragedConv:
                 return
             avgpool_forward(self._averaged.reshape(-1), x.reshape(b * c, -1))
         if b * c * self.n >= PARALLEL_MIN_MACS:
-            _product_parallel(out, self._averaged, w, k, off, numba.get_num_threads())
+            _product_parallel(out, self._averaged, w, k, off, thread_count())
         else:
             _products(out, self._averaged, w, k, off, 0, self.n)
 

@@ -12,12 +12,11 @@ kernels/winograd_fused.py); over few channels the weight gradient too (`FUSED_WG
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from .. import blas
 from ..kernels import im2col as ic
-from ..kernels import simd
+from ..kernels import simd, thread_count
 from ..kernels import winograd as wg
 from ..kernels import winograd_fused as wf
 from ..kernels.pool2x2 import no_pool
@@ -136,7 +135,7 @@ class WinogradConv:
         th, tw = wg.tiles(*y.shape[2:])
         if FUSED_BANDS and (FUSED_KEEP or not keep) and _fused(c, n, th * tw, y.shape[0]):
             k, off, act = epilogue if epilogue else (_NONE, _NONE, 0)
-            threads = numba.get_num_threads()
+            threads = thread_count()
             bands = wf.band_count(tw, th, c, n, y.shape[0], threads)
             wf.conv3x3(y, x, _flat(u), n * c + XI_PAD, pad, add, k, off, act,
                        no_pool(y.dtype) if pool is None else pool, bands,
@@ -194,7 +193,7 @@ class WinogradConv:
         th, tw = wg.tiles(*dy.shape[2:])
         if FUSED_WGRAD and c <= FUSED_MAX_CHANNELS and th * tw >= FUSED_MIN_TILES // 4:
             du = ic.get((WGRAD_SLICES, 16, c, _lanes(n)), self.dtype)
-            bands = wf.band_count(tw, th, c, n, self.batch, numba.get_num_threads())
+            bands = wf.band_count(tw, th, c, n, self.batch, thread_count())
             kept = self.vkeep[:self._vkeep_values if self._v_kept else 0]
             wf.weight_grad3x3(du, x, dy, self.padding, bands, kept, self.wchunk)
             for s in range(1, WGRAD_SLICES):

@@ -444,49 +444,63 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, Layer):
                        slice(j * ng, (j + 1) * ng))
 
     def forward(self, s: State) -> None:
-        """One 2-D GEMM per chunk and group, `W_g @ col`, straight into the output for a single
-        item, else into the workspace and then reordered batch-major; then the fused pass."""
+        """The layer's path (the direct convolution across filters, Winograd, the direct one,
+        pointwise, else GEMMs: `_forward_gemm`) into the output, with the epilogue where the path
+        takes it (`_epilogue`), else the separate pass. Inferring with shared outputs, what
+        `outputs_plan.fuse_pools` fused is written instead of the output: the average pool after
+        it, its maps' means for the layer after, or the 2x2 maxpool after it."""
         _, oh, ow = self.out_shape
         x = s.input.reshape(self.batch, *self.in_shape)
-        y = self.output.reshape(self.batch, self.n, oh * ow)
+        y = self.output.reshape(self.batch, self.n, oh, ow)
         self._v_kept = self._fused = False
-        if self.average_into is not None and not s.train:
-            self._forward_averaged(x, self._inference_epilogue())
-            self._fused = True
-            return
-        if self.means_into is not None and not s.train:
-            self._forward_fv(x, y.reshape(self.batch, self.n, oh, ow), self._epilogue(False),
-                             mean=self.means_into.input_means())
-            return
         pool = None
-        if self.pool_into is not None and not s.train:
-            pool = self.pool_into.output.reshape(self.batch, self.n, oh // 2, ow // 2)
-        if self.winograd:
+        if not s.train:
+            if self.average_into is not None:
+                self._forward_averaged(x, self._inference_epilogue())
+                self._fused = True
+                return
+            if self.means_into is not None:
+                self._forward_fv(x, y, self._epilogue(False), mean=self.means_into.input_means())
+                return
+            if self.pool_into is not None:
+                pool = self.pool_into.output.reshape(self.batch, self.n, oh // 2, ow // 2)
+        if self.direct_fv:
+            self._forward_fv(x, y, self._epilogue(s.train), pool)
+        elif self.winograd:
             keep = s.train and self.vkeep.size > 0
-            self._winograd(x, self.weights.value, self.padding, y.reshape(self.batch, self.n, oh, ow),
-                           add=False, keep=keep, epilogue=self._epilogue(s.train),
+            self._winograd(x, self.weights.value, self.padding, y, add=False, keep=keep,
+                           epilogue=self._epilogue(s.train),
                            u=self.kept_filters() if self.keep_filters and not s.train else None,
                            pool=pool)
             self._v_kept = keep
         elif self.direct:
-            dk.conv_forward(y.reshape(self.batch, self.n, oh, ow), x, self.weights.value,
-                            self.stride_y, self.stride_x, self.padding,
+            dk.conv_forward(y, x, self.weights.value, self.stride_y, self.stride_x, self.padding,
                             dk.forward_rows(self.batch, oh, ow, self.size, self.stride_x),
-                            *self._epilogue(s.train),
-                            pool=pool)
-        if self.direct_fv:
-            self._forward_fv(x, y.reshape(self.batch, self.n, oh, ow), self._epilogue(s.train), pool)
+                            *self._epilogue(s.train), pool=pool)
         elif self.pointwise:
-            pw.conv_forward(y, x.reshape(self.batch, self.in_shape[0], -1),
+            pw.conv_forward(y.reshape(self.batch, self.n, -1),
+                            x.reshape(self.batch, self.in_shape[0], -1),
                             self.weights.value.reshape(self.n, -1), *self._epilogue(s.train))
+        else:
+            self._forward_gemm(x, y.reshape(self.batch, self.n, -1))
+        if s.train:
+            self.allocate_training()         # a no-op once they exist (the network sizes them)
+        if not self._fused:
+            forward_bias_bn_act(self, y.reshape(self.batch, self.n, -1), s.train, keep_pre=s.train)
+
+    def _forward_gemm(self, x: np.ndarray, y: np.ndarray) -> None:
+        """y (B, n, oh·ow) := the GEMM path's product: the batch's rows at once (`rows_gemm`), one
+        stacked GEMM (`one_gemm`), else one 2-D GEMM per chunk and group, `W_g @ col`, straight
+        into the output for a single item, else into the workspace and then reordered
+        batch-major."""
         wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
         if self.rows_gemm:
             blas.matmul(x.reshape(self.batch, -1), wmat[0].T, out=y.reshape(self.batch, self.n))
-        elif self.one_gemm:                 # `_chunks`' one block, unsliced (never with Winograd/direct)
+            return
+        if self.one_gemm:                   # `_chunks`' one block, unsliced
             blas.matmul(wmat[0], self._columns(x), out=y)
-        done = (self.winograd or self.direct or self.direct_fv or self.pointwise or self.rows_gemm
-                or self.one_gemm)
-        for items, j, cin, fout in ([] if done else self._chunks()):
+            return
+        for items, j, cin, fout in self._chunks():
             col = self._columns(x[items, cin])
             yg = y[items, fout]
             if not self.wide:
@@ -497,10 +511,6 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, Layer):
                 out = self._rows(yg.shape[0])
                 blas.matmul(wmat[j], col, out=out)
                 ic.rows_to_items(yg, out.reshape(out.shape[0], yg.shape[0], -1))
-        if s.train:
-            self.allocate_training()         # a no-op once they exist (the network sizes them)
-        if not self._fused:
-            forward_bias_bn_act(self, y, s.train, keep_pre=s.train)
 
     def backward(self, s: State) -> None:
         _, oh, ow = self.out_shape
