@@ -123,10 +123,12 @@ def _activate_row(out, x, r, n, entries, hw, scale_xy, new_coords, fast):
                     -0.5 * (scale_xy - 1.0), new_coords, fast)
 
 
-@pjit
+@pjit(error_model="numpy")
 def yolo_activate(out, x, n, entries, hw, scale_xy, new_coords):
     """out = the head's activations of x (see module doc). Parallel over the (item, anchor, entry)
-    planes, serial below PARALLEL_MIN values."""
+    planes, serial below PARALLEL_MIN values. IEEE division (numba's Python error model checks
+    each divisor for zero, a branch that kept the logistic's loop from vectorising: 5.5 against
+    0.93 ns a value on one core; 1 + e^(−|x|) is never zero, the values are the same)."""
     # out, x: (batch, n*entries*hw)
     rows = x.shape[0] * n * entries
     fast = out.itemsize == 4
