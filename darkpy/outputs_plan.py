@@ -138,7 +138,8 @@ def _merge(gaps: list[tuple[int, int]]) -> list[tuple[int, int]]:
 def views(layers: Sequence, kept: set[int], batch: int) -> dict[int, tuple[int, int]]:
     """The outputs that are to be views of another layer's (see the module docstring), as
     {layer: (host layer, first value of an item of the host's output)}; the [route]s (those with
-    `source_parts`) name the parts that are then written in place."""
+    `source_parts`: also a [dropout], whose inference output is its input) name the parts that
+    are then written in place."""
     host: dict[int, tuple[int, int]] = {}
     for r, layer in enumerate(layers):
         parts = getattr(layer, "source_parts", None)
@@ -173,7 +174,8 @@ def _root(host: dict[int, tuple[int, int]], i: int) -> tuple[int, int]:
 
 
 def _mark_in_place(layers: Sequence, host: dict[int, tuple[int, int]]) -> None:
-    """Tell each [route] which of its parts are written in place."""
+    """Tell each [route] (and [dropout], a route of one part) which of its parts are written in
+    place."""
     for r, layer in enumerate(layers):
         if hasattr(layer, "source_parts"):
             offsets = np.cumsum([0] + [n for _, _, n in layer.source_parts()])

@@ -379,3 +379,47 @@ def test_route_views_off_copies_every_part(monkeypatch):
     assert not any(any(layer.in_place) for layer in net.layers if layer.kind == "route")
     net.forward(x)
     assert np.array_equal(net.layers[-1].output, ref[-1])
+
+
+DROPOUTS = """
+[net]
+width=8
+height=8
+channels=3
+[dropout]
+probability=0.3
+[convolutional]
+filters=8
+size=3
+pad=1
+activation=leaky
+[dropout]
+probability=0.5
+[convolutional]
+filters=4
+size=1
+activation=linear
+[dropout]
+probability=0.5
+"""
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_dropouts_at_inference_are_views_of_their_input(batch):
+    """A [dropout] infers as the identity: with outputs shared its output is a view of its input
+    and nothing is copied, where it is not kept and has a layer before it (the first one copies
+    the network's input; the last, the network's output, keeps its buffer). The outputs are the
+    unshared network's, bit for bit; training after unsharing drops values again."""
+    net = network_from_text(DROPOUTS, batch=batch)
+    x = np.random.default_rng(6).uniform(-1, 1, net.input.shape).astype(np.float32)
+    ref = net.forward(x).copy()
+    net.share_outputs()
+    L = net.layers
+    assert [L[i].in_place for i in (0, 2, 4)] == [[], [True], [False]]
+    assert L[2].output.base is not None and np.shares_memory(L[2].output, L[1].output)
+    net._arena[...] = np.nan
+    np.testing.assert_array_equal(net.forward(x), ref)
+    net.unshare_outputs()
+    assert not any(L[i].in_place[:1] == [True] for i in (0, 2, 4))
+    net.forward(x, np.zeros((batch, net.truths), np.float32), train=True)
+    assert L[2].masked and not np.array_equal(L[2].output, L[1].output)

@@ -7,7 +7,10 @@ scale to the gradient.
 
 darknet: the layer shares the previous layer's output and delta buffers and works in place; darkpy
 gives it buffers of its own (a copy), so the previous layer's output stays what that layer computed
-and backward adds into the previous delta like every other layer.
+and backward adds into the previous delta like every other layer. Inferring with shared outputs
+(`Network.share_outputs`), its output is a view of its input where it can (`source_parts`, as a
+[route] of one whole part: outputs_plan.views), and nothing is copied: cifar.cfg's three at b64
+copied 2.3 ms of its 346 ms forward.
 """
 from __future__ import annotations
 
@@ -58,6 +61,13 @@ class DropoutLayer(Layer):
         super().allocate(batch)
         self.rand = np.zeros((0,), self.dtype)    # the uniform draws of the last training forward
         self.masked = False
+        self.in_place = [False]        # the output a view of the input (set by outputs_plan)
+
+    def source_parts(self) -> list[tuple[int, int, int]]:
+        """(source layer, first value, values) of the one part of an item's output, as a [route]
+        gives them (outputs_plan.views): the layer before's whole output (none for a first layer,
+        whose input is the network's)."""
+        return [(self.index - 1, 0, int(np.prod(self.in_shape)))] if self.index > 0 else []
 
     def allocate_training(self) -> None:
         super().allocate_training()
@@ -71,7 +81,8 @@ class DropoutLayer(Layer):
         out = self.output.reshape(-1)
         self.masked = s.train and self.probability > 0
         if not self.masked:
-            np.copyto(out, x)
+            if not any(self.in_place):
+                np.copyto(out, x)
             return
         rng = s.rng if s.rng is not None else np.random.default_rng()
         rng.random(out=self.rand, dtype=self.dtype)
