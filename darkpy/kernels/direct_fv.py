@@ -325,6 +325,15 @@ def _pool_run(p, b, f0, nf, run, pt, k, off, act):
 
 
 @_jit
+def epilogue_on_tiles(itemsize, act):
+    """Whether the epilogue goes through the tiles in vectors (`_epilogue_tile`) rather than over
+    the rows written: for float32 values (float64 sums went through it contracted, fused
+    multiply-adds, 1-2 ulp off the separate pass) and linear, leaky and relu. (Called from Python
+    and from the kernels.)"""
+    return itemsize == 4 and (act == LINEAR or act == LEAKY or act == RELU)
+
+
+@_jit
 def _unit(y, src, item, wt, toff, tidx, pos, t, groups, runs, k, off, act, add, chunk_bytes,
           prefetch, p):
     """Unit t: item b = t // (groups·runs) (its planes at src[b·item:]), filters FV·(t // runs %
@@ -349,9 +358,7 @@ def _unit(y, src, item, wt, toff, tidx, pos, t, groups, runs, k, off, act, add, 
     whole = chunks > 1 or pooled                           # every tile of the run kept
     out = np.empty(((p_hi - p_lo + pv - 1) // pv if whole else 1) * pv * FV, y.dtype)
     pf_at = min(p_lo + pv, p_hi - 1) // pv * pv         # the second tile, or the only one
-    # float32 only: float64 sums went through it contracted (fused multiply-adds), 1-2 ulp off
-    # the separate pass
-    tiled = k.shape[0] > 0 and y.itemsize == 4 and (act == LINEAR or act == LEAKY or act == RELU)
+    tiled = k.shape[0] > 0 and epilogue_on_tiles(y.itemsize, act)
     # a pooled run's epilogue on its maxima where that gives the same bits (`_pool_run`)
     late = pooled and tiled and _pools_first(k, off, act, f0, nf)
     for ch in range(chunks):
@@ -455,9 +462,8 @@ def _no_means(dtype) -> np.ndarray:
 
 
 def on_tiles(dtype, act: int) -> bool:
-    """Whether the epilogue goes through the tiles in vectors (`_epilogue_tile`) rather than over
-    the rows written: in float32, for linear, leaky and relu."""
-    return np.dtype(dtype) == np.float32 and act in (LINEAR, LEAKY, RELU)
+    """`epilogue_on_tiles` for a dtype."""
+    return epilogue_on_tiles(np.dtype(dtype).itemsize, act)
 
 
 def writes_pooled(dtype, act: int, positions: int) -> bool:
