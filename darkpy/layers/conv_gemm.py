@@ -1,0 +1,117 @@
+"""The GEMM path of `[convolutional]` layers: the column matrix (im2col) of a chunk of items and
+its GEMMs with the weights, forward and backward, for the layers no other path takes (the 1x1
+layers on 1x1 maps as one GEMM of the batch's rows, `rows_gemm`; the whole batch as one stacked
+GEMM, `one_gemm`; else chunks of items and groups, side by side in one wide GEMM or stacked).
+
+`ConvolutionalLayer` (layers/convolutional.py) sets which of them from its shape when it allocates
+and inherits `GemmConv`'s methods, as it does the other paths' mixins'.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import blas
+from ..kernels import im2col as ic
+
+
+class GemmConv:
+    """Mixin of ConvolutionalLayer: its GEMM path."""
+
+    def _columns(self, xg: np.ndarray) -> np.ndarray:
+        """The column matrix (c/g·k·k, items·oh·ow) of the input chunk xg (items, c/g, h, w), items
+        side by side (`self.wide`), else the stacked (items, c/g·k·k, oh·ow) matrices: a view of xg
+        itself for a 1x1 stride-1 unpadded layer when not side by side, else unrolled into the start
+        of the workspace."""
+        nb, cg = xg.shape[:2]
+        if not self.wide:
+            if self.is_gemm_only:
+                return xg.reshape(nb, cg, -1)
+            col = ic.get((nb, *self.col_shape), self.dtype)
+            _, oh, ow = self.out_shape
+            ic.im2col(col, xg, self.size, self.stride_y, self.stride_x, self.padding * self.dilation,
+                      self.dilation, oh, ow)
+            return col
+        if nb == 1 and self.is_gemm_only:
+            return xg.reshape(cg, -1)
+        rows, cols = self.col_shape
+        col = ic.get((rows, nb * cols), self.dtype)
+        _, oh, ow = self.out_shape
+        ic.im2col_wide(col.reshape(rows, nb, cols), xg, self.size, self.stride_y, self.stride_x,
+                       self.padding * self.dilation, self.dilation, oh, ow)
+        return col
+
+    def _rows(self, nb: int) -> np.ndarray:
+        """The workspace after the column matrix, (n/g, nb·oh·ow): a chunk's output or delta with
+        its items side by side (the GEMM's layout)."""
+        rows, cols = self.col_shape
+        return ic.get((self.n // self.groups, nb * cols), self.dtype, offset=rows * nb * cols)
+
+    def _chunks(self):
+        """(item slice, group index, input-channel slice, filter slice) for every GEMM block."""
+        cg, ng = self.in_shape[0] // self.groups, self.n // self.groups
+        step = self.chunk
+        for b0 in range(0, self.batch, step):
+            for j in range(self.groups):
+                yield (slice(b0, min(b0 + step, self.batch)), j, slice(j * cg, (j + 1) * cg),
+                       slice(j * ng, (j + 1) * ng))
+
+    def _forward_gemm(self, x: np.ndarray, y: np.ndarray) -> None:
+        """y (B, n, oh·ow) := the GEMM path's product: the batch's rows at once (`rows_gemm`), one
+        stacked GEMM (`one_gemm`), else one 2-D GEMM per chunk and group, `W_g @ col`, straight
+        into the output for a single item, else into the workspace and then reordered
+        batch-major."""
+        wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
+        if self.rows_gemm:
+            blas.matmul(x.reshape(self.batch, -1), wmat[0].T, out=y.reshape(self.batch, self.n))
+            return
+        if self.one_gemm:                   # `_chunks`' one block, unsliced
+            blas.matmul(wmat[0], self._columns(x), out=y)
+            return
+        for items, j, cin, fout in self._chunks():
+            col = self._columns(x[items, cin])
+            yg = y[items, fout]
+            if not self.wide:
+                blas.matmul(wmat[j], col, out=yg)
+            elif yg.shape[0] == 1:
+                blas.matmul(wmat[j], col, out=yg[0])
+            else:
+                out = self._rows(yg.shape[0])
+                blas.matmul(wmat[j], col, out=out)
+                ic.rows_to_items(yg, out.reshape(out.shape[0], yg.shape[0], -1))
+
+    def _backward_rows(self, d2, x2, prev, w, fresh: bool) -> None:
+        """Backward of `rows_gemm`: d2 (B, n), x2 (B, c), w (n, c); prev (B, c, 1, 1) or None, +=
+        (fresh: =) the input gradient."""
+        blas.matmul(d2.T, x2, out=self.wgrad_tmp)
+        ic.add_into(self.weights.grad.reshape(-1), self.wgrad_tmp.reshape(-1))
+        if prev is not None and fresh:
+            blas.matmul(d2, w, out=prev.reshape(x2.shape))
+        elif prev is not None:
+            dx = ic.get(x2.shape, self.dtype)
+            blas.matmul(d2, w, out=dx)
+            ic.add_into(prev.reshape(-1), dx.reshape(-1))
+
+    def _backward_stacked(self, dg, xg, pg, w, wgrad) -> None:
+        """Backward of one chunk and group with numpy's stacked matmul (layers too small for
+        `wide`): dg (items, n/g, S), xg (items, c/g, h, w), pg like xg or None, w / wgrad (n/g, K)."""
+        _, oh, ow = self.out_shape
+        nb = dg.shape[0]
+        col = self._columns(xg)
+        tmp = self.wgrad_tmp[:nb]
+        blas.matmul(dg, col.transpose(0, 2, 1), out=tmp)
+        for i in range(nb):
+            wgrad += tmp[i]
+        if pg is not None:
+            self._input_grad_stacked(dg, pg, w)
+
+    def _input_grad_stacked(self, dg, pg, w) -> None:
+        """pg += the input gradient of one chunk and group: col2im(wᵀ @ dg), stacked per item."""
+        _, oh, ow = self.out_shape
+        nb = dg.shape[0]
+        dcol = ic.get((nb, *self.col_shape), self.dtype)
+        blas.matmul(w.T, dg, out=dcol)
+        if self.is_gemm_only:
+            pg += dcol.reshape(pg.shape)
+        else:
+            ic.col2im_add(pg, dcol, self.size, self.stride_y, self.stride_x,
+                          self.padding * self.dilation, self.dilation, oh, ow)
