@@ -274,7 +274,8 @@ def preview_images(cfg: str, data_path, out: str, count: int, seed: int = 0) -> 
     from .datasets import DetectionData, read_data_file, read_list
     from .detect import class_color
     from .errors import DataError
-    from .images import draw_box, save_image
+    from .drawing import draw_box
+    from .images import save_image
     from .network import NetConfig
     from .train import augment_rng
 

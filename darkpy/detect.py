@@ -239,7 +239,7 @@ def draw_detections(img: np.ndarray, dets: Sequence[Detection], names: Sequence[
                     thresh: float = 0.0, classes: int | None = None) -> np.ndarray:
     """A copy of `img` (c, h, w) with each detection's box and a label of its classes above `thresh`
     (Darknet's draw_detections: box width .6% of the height, per-class colours)."""
-    from .images import draw_box, draw_label
+    from .drawing import draw_box, draw_label
     out = np.array(img, dtype=np.float32, copy=True)
     _, h, w = out.shape
     ncls = classes or (len(names) if names else max((len(d.probs) for d in dets), default=1))
