@@ -27,11 +27,9 @@ Fairness, in order of what it rules out:
 """
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,71 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .environment import ROOT, wait_quiet, worker_env
+from .environment import ROOT, wait_quiet
 from .worker import check_picks
+from .worker_process import Unavailable, Worker, WorkerError  # noqa: F401 (Unavailable: the phases')
 
 SHARED = Path(os.environ.get("DARKPY_SHARED", ROOT.parent / "shared")).resolve()
 #: Environment variable naming a built Darknet executable (the C reference); skipped when unset.
 DARKNET_ENV = "DARKPY_BENCH_DARKNET"
 TORCH_KINDS = ("torch", "torch-cl")
-
-
-class Unavailable(Exception):
-    """A contender cannot run this phase (say why in the results)."""
-
-
-class WorkerError(RuntimeError):
-    pass
-
-
-class Worker:
-    """A contender's process, asked one request at a time; `close` makes sure it has exited."""
-
-    def __init__(self, kind: str, opts: Options):
-        self.kind = kind
-        self.log = tempfile.TemporaryFile(mode="w+")
-        cmd = [sys.executable, "-m", "benchmarks.worker", kind]
-        if kind == "darkpy" and opts.darkpy_as == "library":
-            cmd += ["--darkpy-as", "library"]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=worker_env(opts.threads), stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
-
-    def call(self, op: str, **args) -> dict:
-        try:
-            self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-        except BrokenPipeError:
-            line = ""
-        if not line:
-            self.log.seek(0)
-            raise WorkerError(f"{self.kind} worker died during {op}:\n{self.log.read()[-3000:]}")
-        reply = json.loads(line)
-        if "error" in reply:
-            raise WorkerError(f"{self.kind} {op} failed:\n{reply['error']}")
-        return reply
-
-    def close(self) -> bool:
-        """Ask the process to quit, wait for it, and confirm it is gone (True when it exited cleanly)."""
-        clean = True
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
-                self.proc.stdin.close()
-                self.proc.wait(timeout=60)
-            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
-                clean = False
-                self.proc.kill()
-                self.proc.wait()
-        try:
-            os.kill(self.proc.pid, 0)       # reaped by wait(): the pid must be gone
-            clean = False
-        except ProcessLookupError:
-            pass
-        except PermissionError:         # the pid was reused by someone else's process
-            pass
-        self.log.close()
-        return clean and self.proc.returncode == 0
 
 
 @dataclass
