@@ -77,9 +77,9 @@ def _ranges(n, size, k, pad):
 def _tables(nb, C, H, W, N, k, pad, oh, ow, pv):
     """The classes' taps and positions over a block of nb items, offsets from the block's first
     item: (tap starts (classes + 1), tap offsets, tap indices, position starts (classes + 1), each
-    class's end of the positions written, source offsets, destination offsets, positions per item
-    of each class). A class's positions go item after item; its last are padded to a whole
-    microkernel of pv positions by repeating its last position (computed again, not written)."""
+    class's end of the positions written, source offsets, destination offsets). A class's
+    positions go item after item; its last are padded to a whole microkernel of pv positions by
+    repeating its last position (computed again, not written)."""
     rc, rlo, rhi, nr = _ranges(oh, H, k, pad)
     qc, qlo, qhi, nq = _ranges(ow, W, k, pad)
     ncls = nr * nq
@@ -120,7 +120,7 @@ def _tables(nb, C, H, W, N, k, pad, oh, ow, pv):
     for cl in range(ncls):
         for j in range(filled[cl], pstart[cl + 1]):
             pos[j] = pos[filled[cl] - 1]
-    return tstart, toff, tidx, pstart, filled, pos, dst, per_item
+    return tstart, toff, tidx, pstart, filled, pos, dst
 
 
 #: Layer shapes whose tables `tables` keeps (a few KB to a few MB each: one block's positions).
@@ -136,12 +136,12 @@ def tables(B, C, H, W, N, k, pad, oh, ow, pv):
     full = _tables(pv, C, H, W, N, k, pad, oh, ow, pv)
     if B % pv == 0:
         return full
-    tstart, toff, tidx, pstart, filled, pos, dst, per_item = full
-    _, _, _, pstart2, filled2, pos2, dst2, _ = _tables(B % pv, C, H, W, N, k, pad, oh, ow, pv)
+    tstart, toff, tidx, pstart, filled, pos, dst = full
+    _, _, _, pstart2, filled2, pos2, dst2 = _tables(B % pv, C, H, W, N, k, pad, oh, ow, pv)
     n = pos.shape[0]
     return (tstart, toff, tidx, np.concatenate((pstart, pstart2[1:] + n)),
             np.concatenate((filled, filled2 + n)), np.concatenate((pos, pos2)),
-            np.concatenate((dst, dst2)), per_item)
+            np.concatenate((dst, dst2)))
 
 
 @_jit
@@ -244,6 +244,6 @@ def conv_forward(y, x, wt, k, pad, kk, off, act, add, tiled, p, m, threads):
     B, N, oh, ow = y.shape
     C, H, W = x.shape[1:]
     pv = tile_positions(C * k * k, oh * ow)
-    tstart, toff, tidx, pstart, filled, pos, dst, _ = tables(B, C, H, W, N, k, pad, oh, ow, pv)
+    tstart, toff, tidx, pstart, filled, pos, dst = tables(B, C, H, W, N, k, pad, oh, ow, pv)
     _forward_parallel(y, x, wt, k, kk, off, act, add, tiled, p, m, threads, tstart, toff, tidx,
                       pstart, filled, pos, dst, pv)
