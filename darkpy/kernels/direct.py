@@ -25,7 +25,8 @@ Like im2col these compute Darknet's cross-correlation.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.extending import overload
 
 from . import PARALLEL_MIN, njit, simd, thread_count, vjit
 from .bn import affine_act_row
@@ -275,17 +276,18 @@ def _store12(acc, q, M, j, s):
 
 
 @_serial
-def _forward_block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw, k, off, act, p):
+def _forward_block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw, k, off, act, p, kind):
     """`_forward_block` for 3x3 kernels, register-blocked: pass after pass of `_sums3`, each
     written out, or with a pooled output p, its rows' 2x2 maxima through the epilogue into p
-    (`_pool_out`). The one caller of `_sums3`, each call with an int64 first filter: a second call
-    site, and a first filter counted from a literal 0 (typed Literal[int](0) at first, then int64),
-    had compiled it four times (seconds each, of a cold start)."""
+    (`_pool_out`). Compiled once per `kind` (a literal). The one caller of `_sums3`, each call with
+    an int64 first filter: a second call site, and a first filter counted from a literal 0 (typed
+    Literal[int](0) at first, then int64), had compiled it four times (seconds each, of a cold
+    start)."""
     N = w.shape[0]
     M = _steps(rows * lw)
-    width = _filters3(w.shape[1], sy, sx)
+    width = FILTERS_3X3 if kind == S1 or kind == S2 else 4
     for f0 in range(0, N, width):
-        _sums3(acc, pf, w, f0, rows, sy, sx, lw)
+        _sums3(acc, pf, w, f0, rows, sy, sx, lw, kind)
         for q in range(0, width, 4):
             if p.shape[0]:
                 _pool_out(p, acc, M, q, _four(f0 + q, N), b, oy0, rows, lw, k, off, act)
@@ -293,30 +295,31 @@ def _forward_block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw, k, off, act, p):
                 _copy_out(y, acc, M, q, _four(f0 + q, N), b, oy0, rows, lw)
 
 
-@_jit
-def _filters3(c, sy, sx):
-    """Filters per pass of `_sums3` over c channels at stride (sy, sx)."""
-    if (sy == 1 and sx == 1 and c > 4) or (sy == 2 and sx == 2):
-        return FILTERS_3X3
-    return 4
+def _sums3(acc, pf, w, f0, rows, sy, sx, lw, kind):
+    """One pass of `_pass3` (the filters from f0, as many as `kind` takes) into acc."""
 
 
-@_serial
-def _sums3(acc, pf, w, f0, rows, sy, sx, lw):
-    """One pass of `_pass3` (the filters from f0, `_filters3` of them) into acc. The strides of
-    most layers, and the filters per pass, are constants here: the taps' offsets fold at compile
-    time (computed in the loop, they took registers the eight filters' accumulators need, which
-    then spilled: tiny.cfg's 16 -> 128 at b64 1.7x the time). Compiled on its own: each inlined
-    copy of the microkernels took seconds of a cold start."""
-    if sy == 1 and sx == 1:
-        if w.shape[1] > 4:
-            _pass3(acc, pf, w, f0, rows, 1, 1, lw, FILTERS_3X3)
-        else:
-            _pass3(acc, pf, w, f0, rows, 1, 1, lw, 4)
-    elif sy == 2 and sx == 2:
-        _pass3_stride2(acc, pf, w, f0, rows, lw, FILTERS_3X3)
-    else:
-        _pass3(acc, pf, w, f0, rows, sy, sx, lw, 4)
+@overload(_sums3, prefer_literal=True, jit_options={"nogil": True})
+def _sums3_of_kind(acc, pf, w, f0, rows, sy, sx, lw, kind):
+    """`_sums3` for one kind (a literal): only its microkernel is compiled. The strides of most
+    layers, and the filters per pass, are constants here: the taps' offsets fold at compile time
+    (computed in the loop, they took registers the eight filters' accumulators need, which then
+    spilled: tiny.cfg's 16 -> 128 at b64 1.7x the time). Compiled on its own: each inlined copy of
+    the microkernels took seconds of a cold start."""
+    kind = _literal(kind)
+    if kind == S1:
+        return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass3(
+            acc, pf, w, f0, rows, 1, 1, lw, FILTERS_3X3)
+    if kind == S1_FEW:
+        return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass3(
+            acc, pf, w, f0, rows, 1, 1, lw, 4)
+    if kind == S2:
+        return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass3_stride2(
+            acc, pf, w, f0, rows, lw, FILTERS_3X3)
+    if kind == STRIDED:
+        return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass3(
+            acc, pf, w, f0, rows, sy, sx, lw, 4)
+    return None
 
 
 @_jit
@@ -481,35 +484,61 @@ def _planes(y, n):
     return pf
 
 
-@_jit
-def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p):
+def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind):
     """Row block t (item t // nblk) of `conv_forward`, then its epilogue when k is not empty; with a
     pooled output p, the block's 2x2 maxima go there instead (a 3x3 kernel's straight from its
-    accumulators, `_pool_out`; the others' from a scratch block)."""
+    accumulators, `_pool_out`; the others' from a scratch block). `kind` (a literal) picks the
+    version compiled: `_unit3` or `_unit_any`."""
+
+
+@overload(_forward_unit, prefer_literal=True, inline="always")
+def _forward_unit_of_kind(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind):
+    return _unit_any if _literal(kind) == GENERIC else _unit3
+
+
+def _unit3(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind):
+    """`_forward_unit` of a 3x3 kernel."""
+    b = t // nblk
+    oy0 = (t % nblk) * rows
+    n = min(rows, y.shape[2] - oy0)
+    _fill(pf, x, b, oy0, n, sy, sx, pad, 3, lw)
+    _forward_block3(y, pf, acc, w, b, oy0, n, sy, sx, lw, k, off, act, p, kind)
+    if k.shape[0] and not p.shape[0]:
+        _epilogue_rows(y, b, oy0, n, k, off, act)
+
+
+def _unit_any(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind):
+    """`_forward_unit` of any kernel size, through a scratch block when pooled."""
     b = t // nblk
     oy0 = (t % nblk) * rows
     n = min(rows, y.shape[2] - oy0)
     N, OW = y.shape[1], y.shape[3]
     _fill(pf, x, b, oy0, n, sy, sx, pad, w.shape[2], lw)
-    if p.shape[0] and w.shape[2] == 3:
-        _forward_block3(y, pf, acc, w, b, oy0, n, sy, sx, lw, k, off, act, p)
+    if not p.shape[0]:
+        _forward_block(y, pf, acc, w, b, oy0, n, sy, sx, lw)
+        if k.shape[0]:
+            _epilogue_rows(y, b, oy0, n, k, off, act)
         return
-    # the rows are written at (b, oy0) of y, or at (0, 0) of the scratch block
-    if p.shape[0]:
-        out, bo, yo = np.empty((1, N, n, OW), y.dtype), 0, 0
-    else:
-        out, bo, yo = y, b, oy0
-    if w.shape[2] == 3:
-        _forward_block3(out, pf, acc, w, bo, yo, n, sy, sx, lw, k, off, act, p)
-    else:
-        _forward_block(out, pf, acc, w, bo, yo, n, sy, sx, lw)
-    if k.shape[0]:
-        for f in range(N):
-            if p.shape[0]:
-                epilogue_pool_rows(p[b, f, oy0 // 2:(oy0 + n) // 2], out[0, f], k[f], off[f], act)
-                continue
-            plane = out[bo, f].reshape(out.shape[2] * OW)
-            affine_act_row(plane[yo * OW:(yo + n) * OW], k[f], off[f], act)
+    out = np.empty((1, N, n, OW), y.dtype)      # the rows, at (0, 0) of a scratch block
+    _forward_block(out, pf, acc, w, 0, 0, n, sy, sx, lw)
+    for f in range(N):
+        epilogue_pool_rows(p[b, f, oy0 // 2:(oy0 + n) // 2], out[0, f], k[f], off[f], act)
+
+
+@_jit
+def _epilogue_rows(y, b, oy0, n, k, off, act):
+    """The inference epilogue on rows oy0..oy0+n−1 of item b of y, every filter."""
+    OW = y.shape[3]
+    for f in range(y.shape[1]):
+        plane = y[b, f].reshape(y.shape[2] * OW)
+        affine_act_row(plane[oy0 * OW:(oy0 + n) * OW], k[f], off[f], act)
+
+
+def _literal(kind):
+    """The value of a literal integer argument (a `kind`)."""
+    if not isinstance(kind, types.IntegerLiteral):
+        raise TypeError(f"direct: the kernel kind must be a literal integer, not {kind}")
+    return kind.literal_value
 
 
 # The serial and parallel versions are separate functions: in a `parallel=True` function every
@@ -521,30 +550,55 @@ def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act,
 # Called once per thread (not once per unit: per call, its many array arguments cost digits'
 # first layer at b64 7 % of its time).
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def _forward_units(y, x, w, sy, sx, pad, rows, k, off, act, p, lo, hi):
+def _forward_units(y, x, w, sy, sx, pad, rows, k, off, act, p, lo, hi, kind):
     """Units lo..hi−1 of `conv_forward` (row blocks, t // nblk the item), with their scratch."""
     lw, nblk, npf, nacc = _forward_plan(y, w, sy, sx, rows)
     pf = _planes(y, npf)
     acc = np.empty(nacc, y.dtype)
     for t in range(lo, hi):
-        _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p)
+        _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind)
 
 
-@_serial
-def _conv_forward_serial(y, x, w, sy, sx, pad, rows, k, off, act, p, threads):
-    units = y.shape[0] * _forward_plan(y, w, sy, sx, rows)[1]
-    _forward_units(y, x, w, sy, sx, pad, rows, k, off, act, p, 0, units)
+#: The kinds of forward, each compiled only when a layer of that kind runs (`_twins`): kernels
+#: other than 3x3 (`_forward_block`), and 3x3 ones at stride 1 over at most 4 channels (four
+#: filters per pass) or more (FILTERS_3X3), at stride 2, and at other strides. All compiled in
+#: one function, a cold start spent 7 s on the four microkernels whatever the network used.
+GENERIC, S1_FEW, S1, S2, STRIDED = range(5)
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _conv_forward_parallel(y, x, w, sy, sx, pad, rows, k, off, act, p, threads):
-    """threads: numba's thread count (read in Python: `numba.get_num_threads()` in a kernel keeps
-    numba from caching it)."""
-    units = y.shape[0] * _forward_plan(y, w, sy, sx, rows)[1]
-    parts = min(threads, units)
-    for i in prange(parts):     # as prange's own static split of the units
-        _forward_units(y, x, w, sy, sx, pad, rows, k, off, act, p, i * units // parts,
-                       (i + 1) * units // parts)
+def kind_of(c: int, k: int, sy: int, sx: int) -> int:
+    """The kind of forward of a k x k layer over c channels at stride (sy, sx)."""
+    if k != 3:
+        return GENERIC
+    if sy == 1 and sx == 1:
+        return S1 if c > 4 else S1_FEW
+    return S2 if sy == 2 and sx == 2 else STRIDED
+
+
+def _twins(kind):
+    """The serial and the parallel forward of one kind (a constant of each: numba's cache keys
+    a closure on its cells' values)."""
+    @_serial
+    def serial(y, x, w, sy, sx, pad, rows, k, off, act, p, threads):
+        units = y.shape[0] * _forward_plan(y, w, sy, sx, rows)[1]
+        # int64, not Literal[int](0): a literal first unit compiled `_forward_units` again
+        _forward_units(y, x, w, sy, sx, pad, rows, k, off, act, p, np.int64(0), units, kind)
+
+    @njit(cache=True, nogil=True, parallel=True)
+    def parallel(y, x, w, sy, sx, pad, rows, k, off, act, p, threads):
+        """threads: numba's thread count (read in Python: `numba.get_num_threads()` in a kernel
+        keeps numba from caching it)."""
+        units = y.shape[0] * _forward_plan(y, w, sy, sx, rows)[1]
+        parts = min(threads, units)
+        for i in prange(parts):     # as prange's own static split of the units
+            _forward_units(y, x, w, sy, sx, pad, rows, k, off, act, p, i * units // parts,
+                           (i + 1) * units // parts, kind)
+
+    return serial, parallel
+
+
+#: (serial, parallel) forward of each kind.
+TWINS = tuple(_twins(kind) for kind in (GENERIC, S1_FEW, S1, S2, STRIDED))
 
 
 _NO_AFFINE = np.empty(0)
@@ -562,6 +616,6 @@ def conv_forward(y, x, w, sy, sx, pad, rows, k=_NO_AFFINE, off=_NO_AFFINE, act=0
     if pool is not None:
         rows = max(2, rows - rows % 2)
     serial = y.size < PARALLEL_MIN and y.size * w[0].size < PARALLEL_MIN * PARALLEL_MIN_TAPS
-    run = _conv_forward_serial if serial else _conv_forward_parallel
+    run = TWINS[kind_of(w.shape[1], w.shape[2], sy, sx)][0 if serial else 1]
     run(y, x, w, sy, sx, pad, rows, k, off, act, no_pool(y.dtype) if pool is None else pool,
         thread_count())

@@ -427,8 +427,9 @@ def _forward_serial(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_b
         for b in range(B):
             _pad_item(src, x, b, pad, plane // wp, wp)
     kp, op = _padded(kk, groups * FV), _padded(off, groups * FV)
-    _units(y, src, C * plane, wt, toff, identity(toff.shape[0]), pos, 0, B * groups * runs, groups,
-           runs, kp, op, act, add, chunk_bytes, prefetch, p)
+    # int64, not Literal[int](0): a literal first unit compiled `_units` again for this twin
+    _units(y, src, C * plane, wt, toff, identity(toff.shape[0]), pos, np.int64(0), B * groups * runs,
+           groups, runs, kp, op, act, add, chunk_bytes, prefetch, p)
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
