@@ -485,19 +485,21 @@ def _planes(y, n):
 
 
 def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind):
-    """Row block t (item t // nblk) of `conv_forward`, then its epilogue when k is not empty; with a
-    pooled output p, the block's 2x2 maxima go there instead (a 3x3 kernel's straight from its
-    accumulators, `_pool_out`; the others' from a scratch block). `kind` (a literal) picks the
-    version compiled: `_unit3` or `_unit_any`."""
+    """Row block t (item t // nblk) of `conv_forward`: `_unit3`, or `_unit_any` for kernels other
+    than 3x3."""
 
 
-@overload(_forward_unit, prefer_literal=True, inline="always")
+# Not inlined (one call per row block): an overload inlined is compiled twice, for its type and
+# again in its caller, and `_unit_any`'s inlined copies of `_forward_block` took seconds each.
+@overload(_forward_unit, prefer_literal=True, jit_options={"nogil": True, "fastmath": {"contract"}})
 def _forward_unit_of_kind(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind):
     return _unit_any if _literal(kind) == GENERIC else _unit3
 
 
 def _unit3(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind):
-    """`_forward_unit` of a 3x3 kernel."""
+    """Row block t (item t // nblk) of `conv_forward` of a 3x3 kernel, then its epilogue when k is
+    not empty; with a pooled output p, the block's 2x2 maxima go there instead, straight from its
+    accumulators (`_pool_out`)."""
     b = t // nblk
     oy0 = (t % nblk) * rows
     n = min(rows, y.shape[2] - oy0)
@@ -508,21 +510,24 @@ def _unit3(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kin
 
 
 def _unit_any(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind):
-    """`_forward_unit` of any kernel size, through a scratch block when pooled."""
+    """`_unit3` for any kernel size (`_forward_block`), pooled from a scratch block."""
     b = t // nblk
     oy0 = (t % nblk) * rows
     n = min(rows, y.shape[2] - oy0)
     N, OW = y.shape[1], y.shape[3]
     _fill(pf, x, b, oy0, n, sy, sx, pad, w.shape[2], lw)
-    if not p.shape[0]:
-        _forward_block(y, pf, acc, w, b, oy0, n, sy, sx, lw)
-        if k.shape[0]:
-            _epilogue_rows(y, b, oy0, n, k, off, act)
-        return
-    out = np.empty((1, N, n, OW), y.dtype)      # the rows, at (0, 0) of a scratch block
-    _forward_block(out, pf, acc, w, 0, 0, n, sy, sx, lw)
-    for f in range(N):
-        epilogue_pool_rows(p[b, f, oy0 // 2:(oy0 + n) // 2], out[0, f], k[f], off[f], act)
+    # the rows are written at (b, oy0) of y, or at (0, 0) of a scratch block (one call site: each
+    # inlined copy of `_forward_block` takes seconds to compile)
+    if p.shape[0]:
+        out, bo, yo = np.empty((1, N, n, OW), y.dtype), 0, 0
+    else:
+        out, bo, yo = y, b, oy0
+    _forward_block(out, pf, acc, w, bo, yo, n, sy, sx, lw)
+    if p.shape[0]:
+        for f in range(N):
+            epilogue_pool_rows(p[b, f, oy0 // 2:(oy0 + n) // 2], out[0, f], k[f], off[f], act)
+    elif k.shape[0]:
+        _epilogue_rows(y, b, oy0, n, k, off, act)
 
 
 @_jit
