@@ -215,3 +215,63 @@ def test_epilogue_and_pool_commute_only_where_the_bits_agree(dtype, act, k, off)
     run(got, x.copy(), k, off, code)
     np.testing.assert_array_equal(got.view(np.uint32 if dtype == np.float32 else np.uint64),
                                   want.view(np.uint32 if dtype == np.float32 else np.uint64))
+
+
+def _pooled_reference(x, h, pw, k, off, code):
+    """The epilogue on every value of x (2h rows), then each window's maxima in row-major order."""
+    from darkpy.kernels import jit
+    from darkpy.kernels.bn import affine_act_row
+
+    @jit
+    def epilogue(x, k, off, act):
+        affine_act_row(x.reshape(x.size), k, off, act)
+
+    ref = x.copy()
+    epilogue(ref, k, off, code)
+    want = np.empty((h, pw), x.dtype)
+    for r in range(h):
+        for c in range(pw):
+            window = [ref[2 * r, 2 * c], ref[2 * r, 2 * c + 1], ref[2 * r + 1, 2 * c],
+                      ref[2 * r + 1, 2 * c + 1]]
+            best = window[0]
+            for v in window[1:]:
+                best = v if v > best else best
+            want[r, c] = best
+    return want
+
+
+@pytest.mark.parametrize("act", ["linear", "leaky"])
+@pytest.mark.parametrize("k,off", [(0.7, 0.25), (0.7, 0.0), (3e38, 1.0)])
+@pytest.mark.parametrize("h,pw,lw", [(8, 8, 18), (7, 8, 18), (1, 8, 16), (4, 4, 10), (3, 16, 34),
+                                     (5, 21, 44), (2, 40, 81), (3, 5, 12)])
+def test_pooled_epilogue_rows_in_vectors_gives_the_same_bits(act, k, off, h, pw, lw):
+    """`pooled_epilogue_rows` (float32, where `pools_first` holds): the maxima and the epilogue in
+    vectors — two pooled rows a vector at LANES/2 wide (an odd last row alone), whole vectors with
+    a tail, and narrow rows — the bits of the epilogue on every value and then the maxima, with
+    ties, NaNs in every window place, signed zeros and an overflowing product; the values around
+    the written rows untouched."""
+    from darkpy.kernels import jit, simd
+    from darkpy.kernels.activations import code as act_code
+    from darkpy.kernels.pool2x2 import pooled_epilogue_rows
+
+    if pw == 8 and simd.LANES == 8:
+        pw, lw = 4, lw // 2 + 1                          # the paired rows at this CPU's width
+
+    @jit
+    def run(p, p0, pw, h, x, lw, k, off, act):
+        pooled_epilogue_rows(p, p0, pw, h, x, lw, k, off, act)
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 1, (2 * h, lw)).astype(np.float32)
+    x[0, 0:4] = 0.5
+    x[-1, -4:] = [-0.0, 0.0, 0.0, -0.0]
+    for i in range(4):                                   # a NaN in each place of some window
+        r, c = 2 * (i % h) + i // 2, 2 * (i % pw) + i % 2
+        x[r, c] = np.nan
+    x[-2, 0:4] = [3.0, -3.0, 2.0, 1.0]                   # k·x overflows in float32
+    code = act_code(act)
+    want = _pooled_reference(x, h, pw, k, off, code)
+    got = np.full(3 + h * pw + 5, 7.0, np.float32)
+    run(got, 3, pw, h, x.reshape(x.size).copy(), lw, k, off, code)
+    np.testing.assert_array_equal(got[3:3 + h * pw].reshape(h, pw).view(np.uint32), want.view(np.uint32))
+    assert (got[:3] == 7).all() and (got[3 + h * pw:] == 7).all()

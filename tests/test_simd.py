@@ -188,6 +188,30 @@ def test_refuses_what_it_cannot_load():
         load_2d(np.zeros(L, np.int32))
 
 
+@numba.njit(cache=False)
+def _flat_of_plane(p, b, f):
+    """p[b, f]'s values as a 1-D view: its first value set to -1, the view returned."""
+    v = simd.flat(p[b, f])
+    v[0] = -1.0
+    return v
+
+
+def test_flat_is_a_view_of_the_values():
+    """`flat` of a C-contiguous plane of a 4-d array: its values in order, writes go through, and
+    the view returned out of the kernel keeps the memory alive (its own reference)."""
+    p = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    want = p[1, 2].ravel().copy()
+    v = _flat_of_plane(p, 1, 2)
+    want[0] = -1.0
+    assert v.shape == (20,)
+    np.testing.assert_array_equal(v, want)
+    assert p[1, 2, 0, 0] == -1.0 and np.shares_memory(v, p)
+    del p
+    np.testing.assert_array_equal(v, want)
+    with pytest.raises(numba.core.errors.TypingError):      # not C-contiguous: refused
+        _flat_of_plane(np.zeros((2, 3, 4, 5), np.float32)[:, :, :, ::2], 0, 0)
+
+
 def test_lanes_follow_the_cpu_features():
     assert simd._lanes("+64bit,+avx,+avx2,+fma,-avx512f,-avx512bw") == 8
     assert simd._lanes("+avx2,+avx512f,+avx512bw") == 16

@@ -100,6 +100,55 @@ def epilogue_pool_rows(p, x, k, off, act):
         pool_rows(p, x)
 
 
+@jit(inline="always")
+def _epilogue_vector(v, kv, ov, act):
+    """act(v·k + off) in a vector (k, off: float64 vectors), widened to float64 and rounded back to
+    v's dtype as `affine_act_row`'s scalar loop does (a product and a sum, not fused): the same
+    bits. For linear and leaky only."""
+    z = simd.add(simd.mul(simd.widen(v), kv), ov)
+    if act == LEAKY:
+        z = simd.positive_or(z, simd.mul(z, simd.splat(kv, 0.1)))
+    return z
+
+
+@jit(inline="always")
+def pooled_epilogue_rows(p, p0, pw, h, x, lw, k, off, act):
+    """p[p0:p0+h·pw] (h rows of pw values) := act(m·k + off) of the 2x2 stride-2 maxima m of x's
+    rows (2h rows of lw ≥ 2·pw values from x[0]), for float32 p and x where `pools_first` holds
+    (linear or leaky): the maxima in vectors as `pool_pair` takes them and the epilogue on them in
+    the same registers, two pooled rows a vector when they are LANES/2 wide (rows 2r and 2r+2
+    give the vector's halves, as one row's two halves would), then `pool_pair` and
+    `affine_act_row` on what is left. The same bits as `epilogue_pool_rows`; digits' first layer
+    (1 -> 16 on 16x16, pooled to 8x8) at b64 in its forward, one thread: the maxima and the
+    epilogue took 132 µs of its 176 as `epilogue_pool_rows` per plane."""
+    kv = simd.splat(simd.widen(simd.zero(p)), k)
+    ov = simd.splat(kv, off)
+    L = simd.LANES
+    first = 0
+    if pw == L // 2 and lw >= L:
+        for rr in range(h // 2):
+            i = 4 * rr * lw
+            a0, a2 = simd.load(x, i), simd.load(x, i + 2 * lw)
+            b1, b3 = simd.load(x, i + lw), simd.load(x, i + 3 * lw)
+            m = max4v(simd.evens(a0, a2), simd.odds(a0, a2), simd.evens(b1, b3), simd.odds(b1, b3))
+            simd.store(p, p0 + 2 * rr * pw, simd.cast_like(p, _epilogue_vector(m, kv, ov, act)))
+        if h % 2 == 0:
+            return
+        first = h - 1
+    for r in range(first, h):
+        n = pw // L * L
+        i = 2 * r * lw
+        for t in range(0, n, L):
+            a0, a1 = simd.load(x, i + 2 * t), simd.load(x, i + 2 * t + L)
+            b0, b1 = simd.load(x, i + lw + 2 * t), simd.load(x, i + lw + 2 * t + L)
+            m = max4v(simd.evens(a0, a1), simd.odds(a0, a1), simd.evens(b0, b1), simd.odds(b0, b1))
+            simd.store(p, p0 + r * pw + t, simd.cast_like(p, _epilogue_vector(m, kv, ov, act)))
+        if n < pw:
+            rest = p[p0 + r * pw + n:p0 + (r + 1) * pw]
+            pool_pair(rest, x[i + 2 * n:i + lw], x[i + lw + 2 * n:i + 2 * lw])
+            affine_act_row(rest, k, off, act)
+
+
 @functools.cache
 def no_pool(dtype) -> np.ndarray:
     """The 'no pooled output' argument of the kernels that take one: an empty 4-d array (one per
