@@ -94,9 +94,9 @@ def epilogue_pool_rows(p, x, k, off, act):
     the maxima. The same bits either way."""
     if pools_first(k, off, act):
         pool_rows(p, x)
-        affine_act_row(p.reshape(p.size), k, off, act)
+        affine_act_row(simd.flat(p), k, off, act)
     else:
-        affine_act_row(x.reshape(x.size), k, off, act)
+        affine_act_row(simd.flat(x), k, off, act)
         pool_rows(p, x)
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from . import PARALLEL_MIN, jit, pjit
+from . import PARALLEL_MIN, jit, pjit, simd
 from .bn import affine_act_row
 from .pool2x2 import epilogue_pool_rows, no_pool
 
@@ -222,7 +222,7 @@ def _output_units(y, m, g, add, k, off, act, p):
             continue
         _output_plane(y[b, f], m, f, t, add)
         if k.shape[0]:
-            affine_act_row(y[b, f].reshape(oh * ow), k[f], off[f], act)
+            affine_act_row(simd.flat(y[b, f]), k[f], off[f], act)
 
 
 #: Output planes per task of `outputs` (its parallel loop's unit of work).

@@ -324,4 +324,4 @@ def conv3x3(y, x, u, ustr, pad, add, k, off, act, p, bands, fgroups, vk, chunk):
                     continue
                 _band_outputs(y[b, f], m2, i, nfb, ntp, r0, r1, tw, oh, ow, add, 0)
                 if k.shape[0]:
-                    affine_act_row(y[b, f].reshape(-1)[lo * ow:hi * ow], k[f], off[f], act)
+                    affine_act_row(simd.flat(y[b, f])[lo * ow:hi * ow], k[f], off[f], act)
