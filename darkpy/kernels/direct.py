@@ -449,7 +449,7 @@ def _copy_out(y, acc, M, q, f, b, oy0, rows, lw):
             o3[ox] = r3[ox]
 
 
-@_jit
+@vjit
 def _pool_out(p, acc, M, q, f, b, oy0, rows, lw, k, off, act):
     """The 2x2 maxima of rows oy0.. of item b of the four filters f, through the inference
     epilogue, into p[b]: each of their runs of M values in acc (from the q-th on, rows of lw
