@@ -70,22 +70,31 @@ def test_a_cached_kernel_is_compiled_again_when_other_kernel_sources_change(tmp_
 
 _LITERALS = """
 import gc
+import inspect
 import numpy as np
 from numba.core import types
 from numba.core.registry import CPUDispatcher
-from darkpy.kernels import direct, pointwise
+from darkpy.kernels import direct, direct_fv, pointwise
 rng = np.random.default_rng(0)
-x = rng.standard_normal((1, 8, 16, 16)).astype(np.float32)
+x = rng.standard_normal((8, 8, 16, 16)).astype(np.float32)
 w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
 k, off = np.ones(16), np.zeros(16)
-direct.conv_forward(np.empty((1, 16, 16, 16), np.float32), x, w, 1, 1, 1, 4)
-direct.conv_forward(np.empty((1, 16, 16, 16), np.float32), x, w, 1, 1, 1, 4, k, off, 7,
-                    pool=np.empty((1, 16, 8, 8), np.float32))
-pointwise.conv_forward(np.empty((1, 16, 64), np.float32), x.reshape(1, 8, 256)[:, :, :64].copy(),
-                       w[:, :, 0, 0].copy(), k, off, 7)
+for b in (1, 8):                                    # the serial twins, then the parallel ones
+    direct.conv_forward(np.empty((b, 16, 16, 16), np.float32), x[:b], w, 1, 1, 1, 4)
+    direct.conv_forward(np.empty((b, 16, 16, 16), np.float32), x[:b], w, 1, 1, 1, 4, k, off, 7,
+                        pool=np.empty((b, 16, 8, 8), np.float32))
+    wt = np.empty(w[0].size * direct_fv.padded_filters(16), np.float32)
+    direct_fv.filters_last(wt, w)
+    direct_fv.conv_forward(np.empty((b, 16, 14, 14), np.float32), x[:b], wt, 3, 1, 1, 0)
+direct.conv_forward(np.empty((1, 16, 16, 16), np.float32), x[:1, :3].copy(), w[:, :3].copy(), 1, 1,
+                    1, 4)                           # another kind of the direct path
+pointwise.conv_forward(np.empty((1, 16, 64), np.float32),
+                       x[:1].reshape(1, 8, 256)[:, :, :64].copy(), w[:, :, 0, 0].copy(), k, off, 7)
 for d in gc.get_objects():
     if isinstance(d, CPUDispatcher) and d.py_func.__module__.startswith("darkpy"):
-        plain = {tuple(types.unliteral(a) for a in sig) for sig in d.signatures}
+        names = list(inspect.signature(d.py_func).parameters)
+        plain = {tuple(a if n == "kind" else types.unliteral(a) for n, a in zip(names, sig))
+                 for sig in d.signatures}
         if len(plain) < len(d.signatures):
             print(d.py_func.__module__ + "." + d.py_func.__name__, d.signatures)
 print("scanned")
@@ -97,8 +106,9 @@ def test_no_kernel_is_compiled_again_for_a_literal_argument(tmp_path):
     """numba types a call whose argument starts as a literal (a counter from 0) first with the
     literal, then with int64, and compiles the callee for both: the direct 3x3 passes had been
     compiled four times (seconds each of a cold start). In a fresh cache, the direct and 1x1
-    kernels (pooled and unpooled) leave no darkpy kernel with two signatures that differ only by a
-    literal."""
+    kernels (pooled and unpooled; serial and parallel twins, which share their units) leave no
+    darkpy kernel with two signatures that differ only by a literal, other than the direct path's
+    `kind` (a literal on purpose: one compiled version per kind of layer)."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", _LITERALS], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=600)

@@ -273,5 +273,6 @@ def test_pooled_epilogue_rows_in_vectors_gives_the_same_bits(act, k, off, h, pw,
     want = _pooled_reference(x, h, pw, k, off, code)
     got = np.full(3 + h * pw + 5, 7.0, np.float32)
     run(got, 3, pw, h, x.reshape(x.size).copy(), lw, k, off, code)
-    np.testing.assert_array_equal(got[3:3 + h * pw].reshape(h, pw).view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(got[3:3 + h * pw].reshape(h, pw).view(np.uint32),
+                                  want.view(np.uint32))
     assert (got[:3] == 7).all() and (got[3 + h * pw:] == 7).all()

@@ -319,7 +319,8 @@ def _pool_run(p, b, f0, nf, run, pt, k, off, act):
                                         simd.load(run, q + ow * FV + h),
                                         simd.load(run, q + (ow + 1) * FV + h)))
             if k.shape[0]:
-                _epilogue_tile(pt, 1, k, off, f0, act)
+                # int64, not Literal[int](1): a literal compiled `_epilogue_tile` again
+                _epilogue_tile(pt, np.int64(1), k, off, f0, act)
             for f in range(nf):
                 p[b, f0 + f, py, px] = pt[f]
 
@@ -428,8 +429,8 @@ def _forward_serial(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_b
             _pad_item(src, x, b, pad, plane // wp, wp)
     kp, op = _padded(kk, groups * FV), _padded(off, groups * FV)
     # int64, not Literal[int](0): a literal first unit compiled `_units` again for this twin
-    _units(y, src, C * plane, wt, toff, identity(toff.shape[0]), pos, np.int64(0), B * groups * runs,
-           groups, runs, kp, op, act, add, chunk_bytes, prefetch, p)
+    _units(y, src, C * plane, wt, toff, identity(toff.shape[0]), pos, np.int64(0),
+           B * groups * runs, groups, runs, kp, op, act, add, chunk_bytes, prefetch, p)
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
