@@ -164,59 +164,6 @@ def test_switches_and_training_leave_the_pools_apart(monkeypatch):
     np.testing.assert_array_equal(net.forward(x), ref)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("act", ["linear", "leaky", "relu", "logistic"])
-@pytest.mark.parametrize("k,off", [(0.7, 0.25), (0.7, -0.0), (0.7, 0.0), (-0.7, 0.25), (0.0, 0.5),
-                                   (3e38, 1.0)])
-def test_epilogue_and_pool_commute_only_where_the_bits_agree(dtype, act, k, off):
-    """`epilogue_pool_rows` against the epilogue on every value, then each window's maxima in
-    row-major order (a later value winning only when greater): ties, NaNs in every window
-    position, signed zeros, values that round together and a product that overflows, for every
-    sign of k and off = −0 (where `pools_first` must say no). Rows wider than the pool (the
-    padding columns a block carries) are left out."""
-    from darkpy.kernels import jit
-    from darkpy.kernels.activations import code as act_code
-    from darkpy.kernels.bn import affine_act_row
-    from darkpy.kernels.pool2x2 import epilogue_pool_rows
-
-    @jit
-    def run(p, x, k, off, act):
-        epilogue_pool_rows(p, x, k, off, act)
-
-    @jit
-    def epilogue(x, k, off, act):
-        affine_act_row(x.reshape(x.size), k, off, act)
-
-    rng = np.random.default_rng(3)
-    h, w = 6, 21                                        # a 6x20 plane in rows of 21
-    x = rng.normal(0, 1, (h, w)).astype(dtype)
-    x[0, 0:4] = 0.5                                     # ties
-    x[2, 2:4] = [-0.0, 0.0]
-    x[3, 2:4] = [0.0, -0.0]
-    for r, c in [(0, 4), (0, 7), (1, 8), (1, 11)]:     # a NaN in each place of a window
-        x[r, c] = np.nan
-    one, up = dtype(1), dtype(2)
-    x[4, 0:4] = [one, np.nextafter(one, up), np.nextafter(np.nextafter(one, up), up), one]  # may
-    # round together after the epilogue
-    x[4, 4:8] = [3.0, -3.0, 2.0, 1.0]                   # k·x overflows in float32
-    code = act_code(act)
-    ref_x = x.copy()
-    epilogue(ref_x, k, off, code)
-    want = np.empty((h // 2, 10), dtype)
-    for r in range(h // 2):
-        for c in range(10):
-            window = [ref_x[2 * r, 2 * c], ref_x[2 * r, 2 * c + 1], ref_x[2 * r + 1, 2 * c],
-                      ref_x[2 * r + 1, 2 * c + 1]]
-            best = window[0]
-            for v in window[1:]:
-                best = v if v > best else best
-            want[r, c] = best
-    got = np.full((h // 2, 10), 7.0, dtype)
-    run(got, x.copy(), k, off, code)
-    np.testing.assert_array_equal(got.view(np.uint32 if dtype == np.float32 else np.uint64),
-                                  want.view(np.uint32 if dtype == np.float32 else np.uint64))
-
-
 def _pooled_reference(x, h, pw, k, off, code):
     """The epilogue on every value of x (2h rows), then each window's maxima in row-major order."""
     from darkpy.kernels import jit
@@ -238,6 +185,44 @@ def _pooled_reference(x, h, pw, k, off, code):
                 best = v if v > best else best
             want[r, c] = best
     return want
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("act", ["linear", "leaky", "relu", "logistic"])
+@pytest.mark.parametrize("k,off", [(0.7, 0.25), (0.7, -0.0), (0.7, 0.0), (-0.7, 0.25), (0.0, 0.5),
+                                   (3e38, 1.0)])
+def test_epilogue_and_pool_commute_only_where_the_bits_agree(dtype, act, k, off):
+    """`epilogue_pool_rows` against the epilogue on every value, then each window's maxima in
+    row-major order (a later value winning only when greater): ties, NaNs in every window
+    position, signed zeros, values that round together and a product that overflows, for every
+    sign of k and off = −0 (where `pools_first` must say no). Rows wider than the pool (the
+    padding columns a block carries) are left out."""
+    from darkpy.kernels import jit
+    from darkpy.kernels.activations import code as act_code
+    from darkpy.kernels.pool2x2 import epilogue_pool_rows
+
+    @jit
+    def run(p, x, k, off, act):
+        epilogue_pool_rows(p, x, k, off, act)
+
+    rng = np.random.default_rng(3)
+    h, w = 6, 21                                        # a 6x20 plane in rows of 21
+    x = rng.normal(0, 1, (h, w)).astype(dtype)
+    x[0, 0:4] = 0.5                                     # ties
+    x[2, 2:4] = [-0.0, 0.0]
+    x[3, 2:4] = [0.0, -0.0]
+    for r, c in [(0, 4), (0, 7), (1, 8), (1, 11)]:     # a NaN in each place of a window
+        x[r, c] = np.nan
+    one, up = dtype(1), dtype(2)
+    x[4, 0:4] = [one, np.nextafter(one, up), np.nextafter(np.nextafter(one, up), up), one]  # may
+    # round together after the epilogue
+    x[4, 4:8] = [3.0, -3.0, 2.0, 1.0]                   # k·x overflows in float32
+    code = act_code(act)
+    want = _pooled_reference(x, h // 2, 10, k, off, code)
+    got = np.full((h // 2, 10), 7.0, dtype)
+    run(got, x.copy(), k, off, code)
+    np.testing.assert_array_equal(got.view(np.uint32 if dtype == np.float32 else np.uint64),
+                                  want.view(np.uint32 if dtype == np.float32 else np.uint64))
 
 
 @pytest.mark.parametrize("act", ["linear", "leaky"])
