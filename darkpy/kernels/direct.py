@@ -30,7 +30,7 @@ from numba.extending import overload
 
 from . import PARALLEL_MIN, njit, simd, thread_count, vjit
 from .bn import affine_act_row
-from .pool2x2 import epilogue_pool_rows, no_pool, pooled_epilogue_rows, pools_first
+from .pool2x2 import epilogue_pool_flat, epilogue_pool_rows, no_pool
 
 #: A forward with fewer than PARALLEL_MIN outputs still runs in parallel when it does at least
 #: PARALLEL_MIN · PARALLEL_MIN_TAPS multiply-adds (1M, ~15 µs on one core): shapes-tiny's 32 -> 64
@@ -453,22 +453,17 @@ def _copy_out(y, acc, M, q, f, b, oy0, rows, lw):
 def _pool_out(p, acc, M, q, f, b, oy0, rows, lw, k, off, act):
     """The 2x2 maxima of rows oy0.. of item b of the four filters f, through the inference
     epilogue, into p[b]: each of their runs of M values in acc (from the q-th on, rows of lw
-    values, the padding columns left out by the pool) by `pooled_epilogue_rows` (float32, where
-    `pools_first` holds) or `epilogue_pool_rows`, whose epilogue is `affine_act_row` called, as the
-    unpooled path calls it: the same values, bit for bit (inlined here, float64 values differed).
+    values, the padding columns left out by the pool) by `epilogue_pool_flat` (no 2-D views: numba's
+    reshape calls a helper), whose epilogue gives `affine_act_row`'s values, as the unpooled path
+    calls it: the same values, bit for bit (inlined here, float64 values differed).
     (Only here: the unpooled epilogue ran faster on the output planes, and taking the passes'
     writing out of `_forward_block3` slowed its loop.)"""
     N, PH, PW = p.shape[1], p.shape[2], p.shape[3]
     flat = simd.flat(p)
     for i in range(4):
         fi = f[i]
-        a = acc[(q + i) * M:(q + i) * M + rows * lw]
-        if p.itemsize == 4 and pools_first(k[fi], off[fi], act):
-            pooled_epilogue_rows(flat, ((b * N + fi) * PH + oy0 // 2) * PW, PW, rows // 2, a, lw,
-                                 k[fi], off[fi], act)
-        else:
-            epilogue_pool_rows(p[b, fi, oy0 // 2:(oy0 + rows) // 2], a.reshape(rows, lw), k[fi],
-                               off[fi], act)
+        epilogue_pool_flat(flat, ((b * N + fi) * PH + oy0 // 2) * PW, PW, rows // 2,
+                           acc[(q + i) * M:(q + i) * M + rows * lw], lw, k[fi], off[fi], act)
 
 
 @_jit

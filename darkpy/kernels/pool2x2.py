@@ -78,29 +78,6 @@ def pools_first(k, off, act):
 
 
 @jit(inline="always")
-def pool_rows(p, x):
-    """p (h, w) = the 2x2 stride-2 maxima of x (2h, 2w+): x's rows 2r, 2r+1 give p's row r (x may
-    be wider than 2w: the extra columns are left out)."""
-    for r in range(p.shape[0]):
-        pool_pair(p[r], x[2 * r], x[2 * r + 1])
-
-
-@jit(inline="always")
-def epilogue_pool_rows(p, x, k, off, act):
-    """p (h, w) = the 2x2 stride-2 maxima (`pool_rows`) of act(x·k + off), x (2h, 2w+) a plane's
-    sums, both C-contiguous: where `pools_first` holds (linear and leaky, k > 0), the maxima of the
-    sums and then the epilogue on them, a quarter of the values (digits' first layer at b64 in its
-    forward, 2 threads, 2-core AVX-512 Xeon: 107 -> 88 µs); else the epilogue on x in place, then
-    the maxima. The same bits either way."""
-    if pools_first(k, off, act):
-        pool_rows(p, x)
-        affine_act_row(simd.flat(p), k, off, act)
-    else:
-        affine_act_row(simd.flat(x), k, off, act)
-        pool_rows(p, x)
-
-
-@jit(inline="always")
 def _epilogue_vector(v, kv, ov, act):
     """act(v·k + off) in a vector (k, off: float64 vectors), widened to float64 and rounded back to
     v's dtype as `affine_act_row`'s scalar loop does (a product and a sum, not fused): the same
@@ -118,9 +95,9 @@ def pooled_epilogue_rows(p, p0, pw, h, x, lw, k, off, act):
     (linear or leaky): the maxima in vectors as `pool_pair` takes them and the epilogue on them in
     the same registers, two pooled rows a vector when they are LANES/2 wide (rows 2r and 2r+2
     give the vector's halves, as one row's two halves would), then `pool_pair` and
-    `affine_act_row` on what is left. The same bits as `epilogue_pool_rows`; digits' first layer
-    (1 -> 16 on 16x16, pooled to 8x8) at b64 in its forward, one thread: the maxima and the
-    epilogue took 132 µs of its 176 as `epilogue_pool_rows` per plane."""
+    `affine_act_row` on what is left. The same bits as the maxima then `affine_act_row`; digits'
+    first layer (1 -> 16 on 16x16, pooled to 8x8) at b64 in its forward, one thread: the maxima
+    and the epilogue took 132 µs of its 176 as those two passes per plane."""
     kv = simd.splat(simd.widen(simd.zero(p)), k)
     ov = simd.splat(kv, off)
     L = simd.LANES
@@ -147,6 +124,42 @@ def pooled_epilogue_rows(p, p0, pw, h, x, lw, k, off, act):
             rest = p[p0 + r * pw + n:p0 + (r + 1) * pw]
             pool_pair(rest, x[i + 2 * n:i + lw], x[i + lw + 2 * n:i + 2 * lw])
             affine_act_row(rest, k, off, act)
+
+
+@jit(inline="always")
+def pool_rows(p, p0, pw, h, x, lw):
+    """p[p0:p0+h·pw] (h rows of pw values) = the 2x2 stride-2 maxima of x's rows (2h rows of lw ≥
+    2·pw values from x[0], 1-D): x's rows 2r, 2r+1 give row r (the columns past 2·pw are left
+    out)."""
+    for r in range(h):
+        pool_pair(p[p0 + r * pw:p0 + (r + 1) * pw], x[2 * r * lw:(2 * r + 1) * lw],
+                  x[(2 * r + 1) * lw:(2 * r + 2) * lw])
+
+
+@jit(inline="always")
+def epilogue_pool_flat(p, p0, pw, h, x, lw, k, off, act):
+    """p[p0:p0+h·pw] (h rows of pw values) = the 2x2 stride-2 maxima of act(x·k + off), x a plane's
+    sums in 2h rows of lw ≥ 2·pw values (p and x 1-D C-contiguous; x may be overwritten): where
+    `pools_first` holds (linear and leaky, k > 0), the maxima of the sums and then the epilogue on
+    them, a quarter of the values (digits' first layer at b64 in its forward, 2 threads, 2-core
+    AVX-512 Xeon: 107 -> 88 µs), for float32 both in the same vectors (`pooled_epilogue_rows`);
+    else the epilogue on x in place, then the maxima. The same bits every way."""
+    if pools_first(k, off, act):
+        if p.itemsize == 4:
+            pooled_epilogue_rows(p, p0, pw, h, x, lw, k, off, act)
+        else:
+            pool_rows(p, p0, pw, h, x, lw)
+            affine_act_row(p[p0:p0 + h * pw], k, off, act)
+    else:
+        affine_act_row(x[:2 * h * lw], k, off, act)
+        pool_rows(p, p0, pw, h, x, lw)
+
+
+@jit(inline="always")
+def epilogue_pool_rows(p, x, k, off, act):
+    """`epilogue_pool_flat` of 2-D planes: p (h, w) from x (2h, 2w+), both C-contiguous."""
+    epilogue_pool_flat(simd.flat(p), 0, p.shape[1], p.shape[0], simd.flat(x), x.shape[1], k, off,
+                       act)
 
 
 @functools.cache
