@@ -462,7 +462,7 @@ class Phase:
     def finish(self) -> None:
         """Medians, the peers and the ratios, per-layer tables, GFLOP/s and peak memory."""
         result, prep, batch = self.result, self.prep, self.batch
-        flops = prep.flops * batch * (3 if self.mode == "train" else 1)
+        flops = batch * (train_flops(prep) if self.mode == "train" else prep.flops)
         if self.sgemm:
             result["sgemm_gflops"] = statistics.median(self.sgemm)
         timed = [k for k in self.kinds if self.samples.get(k)]
@@ -525,6 +525,14 @@ def layer_table(prep: Prepared, table: dict, batch: int) -> list[dict]:
         rows.append({"index": None, "kind": "update", "darkpy_fwd_ms": 0.0,
                      "darkpy_bwd_ms": table["darkpy"]["update"] * 1e3})
     return rows
+
+
+def train_flops(prep: Prepared) -> float:
+    """A training step's FLOPs per image: the forward, the input gradient and the weight gradient
+    of every layer (3x the forward), less the first layer's input gradient, which neither darkpy
+    nor PyTorch computes (the network's input needs none)."""
+    first = prep.layer_rows[0][3] if prep.layer_rows and prep.layer_rows[0][0] == 0 else 0.0
+    return 3 * prep.flops - first
 
 
 def conv_gflops(prep: Prepared, fwd_times: list[float], batch: int, computed: dict | None = None) -> float:

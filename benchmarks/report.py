@@ -76,7 +76,7 @@ def throughput_table(results: dict) -> list[str]:
                 c.pop("phase_batch", None)
     lines.append("")
     lines.append("GFLOP/s counts Darknet's FLOPs (convolutional and connected layers); \\* training counts "
-                 "3× the forward FLOPs (forward, input gradient, weight gradient). The % compares with numpy's "
+                 "3× the forward FLOPs (forward, input gradient, weight gradient), less the first layer's input gradient, which no contender computes. The % compares with numpy's "
                  "sgemm measured in darkpy's sample windows of the same phase. darkpy computes "
                  "3×3 stride-1 convolutions by Winograd F(2×2, 3×3), which needs 2.25× fewer multiplications "
                  "than the count, so those layers can exceed 100 % of sgemm (PyTorch's oneDNN and ONNX "
@@ -214,7 +214,8 @@ def targets(results: dict) -> list[str]:
 def conv_layers(results: dict, what: str) -> list[dict]:
     """Every convolution layer's darkpy rate as a share of its phase's sgemm rate: `fwd` from the
     inference phases at batch >= 64 (or the suite's large batch), `bwd` from the training phases
-    (input gradient + weight gradient: 2× the forward FLOPs)."""
+    (input gradient + weight gradient: 2× the forward FLOPs; the first layer's weight gradient
+    only: 1×)."""
     big = max((ph["batch"] for net in results["networks"] for ph in net["phases"] if ph["mode"] == "infer"),
               default=0)
     rows = []
@@ -229,7 +230,9 @@ def conv_layers(results: dict, what: str) -> list[dict]:
                 if r["kind"] != "convolutional" or not peak:
                     continue
                 ms = r["darkpy_fwd_ms"] if what == "fwd" else r.get("darkpy_bwd_ms", 0.0)
-                mflop = r["mflop"] * (1 if what == "fwd" else 2)
+                # the backward: input and weight gradients, but the first layer's weight gradient
+                # only (the network's input needs no gradient)
+                mflop = r["mflop"] * (1 if what == "fwd" or r["index"] == 0 else 2)
                 if ms <= 0:
                     continue
                 gf = mflop / ms
@@ -242,7 +245,8 @@ def conv_layers(results: dict, what: str) -> list[dict]:
 def worst_layers_table(results: dict, top: int = WORST_LAYERS) -> list[str]:
     lines = []
     for what, goal, title in (("fwd", CONV_FWD_SHARE, "forward pass, largest inference batch"),
-                              ("bwd", CONV_BWD_SHARE, "backward pass (input and weight gradients), training")):
+                              ("bwd", CONV_BWD_SHARE, "backward pass (input and weight gradients; the first "
+                                                     "layer's weight gradient only), training")):
         rows = conv_layers(results, what)
         lines += [f"The {top} convolution layers furthest below the sgemm rate, {title} (target ≥ "
                   f"{100 * goal:.0f} %; {len(rows)} layers measured):", ""]

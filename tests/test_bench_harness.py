@@ -270,3 +270,22 @@ def test_layer_tables_count_what_darkpy_computed_for_a_convolution_averaging_fir
     conv = [r for r in rows if r[1] == "convolutional"]
     want = (sum(r[3] for r in conv) - rows[5][3] + 64 * 16 + 2 * 64 * 10) * 2 / (len(conv) * 1e-3) / 1e9
     assert engine.conv_gflops(prep, fwd, 2, table["computed_flops"]) == pytest.approx(want)
+
+
+def test_training_counts_no_input_gradient_for_the_first_layer():
+    """The first layer's input gradient is computed by no contender (the network's input needs
+    none): a training step counts 3x the forward FLOPs less it, and the per-layer backward rate
+    of the first convolution counts its weight gradient only (the others both gradients)."""
+    from types import SimpleNamespace
+
+    rows = [(0, "convolutional", (4, 4, 4), 1e6), (1, "convolutional", (8, 4, 4), 3e6),
+            (2, "softmax", (8,), 0.0)]
+    prep = SimpleNamespace(layer_rows=rows, flops=4e6)
+    assert engine.train_flops(prep) == pytest.approx(3 * 4e6 - 1e6)
+    layers = [{"index": i, "kind": k, "desc": "", "mflop": f / 1e6, "darkpy_fwd_ms": 1.0,
+               "darkpy_bwd_ms": 1.0} for i, k, _s, f in rows]
+    results = {"networks": [{"name": "n", "phases": [{"mode": "train", "batch": 1, "phase": "train b1",
+                                                      "sgemm_gflops": 100.0, "layers": layers}]}],
+               "sgemm": {"numpy_gflops": 100.0}}
+    got = {r["index"]: r["mflop"] for r in report.conv_layers(results, "bwd")}
+    assert got == {0: pytest.approx(1.0), 1: pytest.approx(6.0)}

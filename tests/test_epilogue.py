@@ -83,3 +83,36 @@ def test_training_forward_keeps_the_separate_pass(monkeypatch):
     assert layer.winograd
     net.forward(np.ones(net.input.shape), train=True)
     assert layer._trained and not layer._fused
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("act", ["leaky", "linear", "relu", "logistic"])
+@pytest.mark.parametrize("rows,ow,lw", [(1, 5, 7), (3, 7, 9), (2, 16, 18), (4, 17, 19), (5, 28, 30),
+                                        (2, 40, 42), (1, 48, 48), (6, 3, 5)])
+def test_epilogue_from_the_accumulators_gives_the_in_place_bits(dtype, act, rows, ow, lw):
+    """`epilogue.affine_act_rows_into` (what the direct path's blocks write, `direct._act_out`):
+    the bits of copying the rows out and then `affine_act_row` on them in place, with NaNs, signed
+    zeros and an overflowing product, for rows narrower than a vector (one vector spanning rows),
+    whole vectors, and whole vectors with a tail; the values around the written rows untouched."""
+    from darkpy.kernels import jit
+    from darkpy.kernels.activations import code as act_code
+    from darkpy.kernels.bn import affine_act_row
+    from darkpy.kernels.epilogue import affine_act_rows_into
+
+    @jit
+    def in_place(y, k, off, act):
+        affine_act_row(y, k, off, act)
+
+    rng = np.random.default_rng(rows * ow)
+    x = rng.normal(0, 1, (rows, lw)).astype(dtype)
+    x[0, 0] = np.nan
+    x[-1, ow - 1] = -0.0
+    x[rows // 2, ow // 2] = 3.0                          # k·x overflows in float32
+    code = act_code(act)
+    want = x[:, :ow].copy().reshape(-1)
+    in_place(want, 3e38, 0.25, code)
+    got = np.full(3 + rows * ow + 20, 7.0, dtype)
+    affine_act_rows_into(got, 3, ow, rows, x.reshape(-1).copy(), lw, 3e38, 0.25, code)
+    bits = np.uint32 if dtype == np.float32 else np.uint64
+    np.testing.assert_array_equal(got[3:3 + rows * ow].view(bits), want.view(bits))
+    assert (got[:3] == 7).all() and (got[3 + rows * ow:] == 7).all()

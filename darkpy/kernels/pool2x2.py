@@ -17,6 +17,7 @@ import numpy as np
 from . import jit, simd
 from .activations import LEAKY, LINEAR
 from .bn import affine_act_row
+from .epilogue import affine_act_vector
 
 
 @jit(inline="always")
@@ -78,17 +79,6 @@ def pools_first(k, off, act):
 
 
 @jit(inline="always")
-def _epilogue_vector(v, kv, ov, act):
-    """act(v·k + off) in a vector (k, off: float64 vectors), widened to float64 and rounded back to
-    v's dtype as `affine_act_row`'s scalar loop does (a product and a sum, not fused): the same
-    bits. For linear and leaky only."""
-    z = simd.add(simd.mul(simd.widen(v), kv), ov)
-    if act == LEAKY:
-        z = simd.positive_or(z, simd.mul(z, simd.splat(kv, 0.1)))
-    return z
-
-
-@jit(inline="always")
 def pooled_epilogue_rows(p, p0, pw, h, x, lw, k, off, act):
     """p[p0:p0+h·pw] (h rows of pw values) := act(m·k + off) of the 2x2 stride-2 maxima m of x's
     rows (2h rows of lw ≥ 2·pw values from x[0]), for float32 p and x where `pools_first` holds
@@ -108,7 +98,7 @@ def pooled_epilogue_rows(p, p0, pw, h, x, lw, k, off, act):
             a0, a2 = simd.load(x, i), simd.load(x, i + 2 * lw)
             b1, b3 = simd.load(x, i + lw), simd.load(x, i + 3 * lw)
             m = max4v(simd.evens(a0, a2), simd.odds(a0, a2), simd.evens(b1, b3), simd.odds(b1, b3))
-            simd.store(p, p0 + 2 * rr * pw, simd.cast_like(p, _epilogue_vector(m, kv, ov, act)))
+            simd.store(p, p0 + 2 * rr * pw, simd.cast_like(p, affine_act_vector(m, kv, ov, act)))
         if h % 2 == 0:
             return
         first = h - 1
@@ -119,7 +109,7 @@ def pooled_epilogue_rows(p, p0, pw, h, x, lw, k, off, act):
             a0, a1 = simd.load(x, i + 2 * t), simd.load(x, i + 2 * t + L)
             b0, b1 = simd.load(x, i + lw + 2 * t), simd.load(x, i + lw + 2 * t + L)
             m = max4v(simd.evens(a0, a1), simd.odds(a0, a1), simd.evens(b0, b1), simd.odds(b0, b1))
-            simd.store(p, p0 + r * pw + t, simd.cast_like(p, _epilogue_vector(m, kv, ov, act)))
+            simd.store(p, p0 + r * pw + t, simd.cast_like(p, affine_act_vector(m, kv, ov, act)))
         if n < pw:
             rest = p[p0 + r * pw + n:p0 + (r + 1) * pw]
             pool_pair(rest, x[i + 2 * n:i + lw], x[i + lw + 2 * n:i + 2 * lw])
