@@ -497,6 +497,17 @@ def conv_forward(y, x, wt, k, sy, sx, pad, kk=_NO_AFFINE, off=_NO_AFFINE, act=0,
     more (a 7x7 map's few outputs over thousands of taps). A parallel, padded stride-1 layer in a
     batch computes only the taps inside the input (kernels/direct_fv_border.py), where its
     epilogue is on the tiles or there is none."""
+    run, args, then = forward_call(y, x, wt, k, sy, sx, pad, kk, off, act, add, pool, mean)
+    run(*args, thread_count())
+    if then is not None:
+        then[0](*then[1])
+
+
+def forward_call(y, x, wt, k, sy, sx, pad, kk=_NO_AFFINE, off=_NO_AFFINE, act=0, add=False,
+                 pool=None, mean=None):
+    """`conv_forward` as the compiled kernel, its arguments but the last (the thread count,
+    `thread_count()` at each call) and what runs after it (None, or the means of y off the border
+    path: a function and its arguments), for a caller that keeps them (layers/kernel_call.py)."""
     B, N, OH, OW = y.shape
     tiled = kk.shape[0] > 0 and on_tiles(y.dtype, act)
     if pool is not None and not (tiled and not add and OH % 2 == 0 and OW % 2 == 0
@@ -513,13 +524,11 @@ def conv_forward(y, x, wt, k, sy, sx, pad, kk=_NO_AFFINE, off=_NO_AFFINE, act=0,
     if ((tiled or not kk.shape[0]) and not serial and (pool is None or border.POOLED)
             and border.applies(sy, sx, pad, k, B, x.shape[1] * k * k, y.itemsize)):
         m = _no_means(y.dtype) if mean is None else mean.reshape(mean.size)
-        border.conv_forward(y, x, wt, k, pad, kk, off, act, add, tiled, p, m, thread_count())
-        return
-    run = _forward_serial if serial else _forward_parallel
-    run(y.reshape(B, N, OH * OW), x, wt, k, sy, sx, pad, OH, OW, kk, off, act, add, CHUNK_BYTES,
-        PREFETCH, p, thread_count())
-    if mean is not None:
-        _means(mean, y.reshape(B, N, OH * OW))
+        return border.conv_forward, (y, x, wt, k, pad, kk, off, act, add, tiled, p, m), None
+    y3 = y.reshape(B, N, OH * OW)
+    return (_forward_serial if serial else _forward_parallel,
+            (y3, x, wt, k, sy, sx, pad, OH, OW, kk, off, act, add, CHUNK_BYTES, PREFETCH, p),
+            None if mean is None else (_means, (mean, y3)))
 
 
 @njit(cache=True, nogil=True)

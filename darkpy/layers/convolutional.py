@@ -37,6 +37,7 @@ from ..kernels import direct_fv_grad as fvg
 from ..kernels import direct_wgrad as dwg
 from ..kernels import im2col as ic
 from ..kernels import pointwise as pw
+from ..kernels import thread_count
 from ..kernels import winograd as wg
 from ..memory import param_zeros
 from .base import Layer, Param, State, fmt_shape, register
@@ -46,6 +47,7 @@ from .conv_averaged import AveragedConv
 from .conv_direct_fv import DirectFvConv
 from .conv_gemm import GemmConv
 from .conv_winograd import WinogradConv
+from .kernel_call import KeptCall
 
 #: Per-item multiply-adds (n/g · c/g·k·k · oh·ow) from which a batch's items are put side by side
 #: into one GEMM (`ConvolutionalLayer.wide`); below it numpy's stacked matmul (one GEMM per item).
@@ -177,6 +179,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         #: forward writes (`can_write_means`), and the layer writing this one's
         self.pool_into = self.average_into = self.means_into = self.means_by = None
         self._trained = False                      # last forward was in training mode
+        self._kept_call = None                     # an inference forward's kept kernel call
 
     # -- construction ---------------------------------------------------------------------------
     #: Keys a subclass implements (not refused by `from_cfg`).
@@ -303,6 +306,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
             self._winograd_allocate(batch)
         self.affine = np.empty((2, self.n))     # `inference_epilogue`'s k and off
         self._kept_epilogue = None
+        self._kept_call = None
         self._trained = False
 
     def _epilogue(self, train: bool) -> tuple:
@@ -327,7 +331,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
     def weights_changed(self) -> None:
         """Drop what was computed from the weights (the kept layouts and epilogue)."""
         super().weights_changed()
-        self._kept_epilogue = None
+        self._kept_epilogue = self._kept_call = None
 
     def can_write_pooled(self, pool) -> bool:
         """Whether an inference forward can write the output of `pool`, a [maxpool] reading this
@@ -415,7 +419,13 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         pointwise, else GEMMs: `_forward_gemm`) into the output, with the epilogue where the path
         takes it (`_epilogue`), else the separate pass. Inferring with shared outputs, what
         `outputs_plan.fuse_pools` fused is written instead of the output: the average pool after
-        it, its maps' means for the layer after, or the 2x2 maxpool after it."""
+        it, its maps' means for the layer after, or the 2x2 maxpool after it. An inference forward
+        of the direct paths with the weights fixed makes its kernel call once and keeps it
+        (layers/kernel_call.py)."""
+        if not s.train and self._kept_call is not None and self._kept_call.matches(self._made_from(s)):
+            self._v_kept, self._fused, self._trained = False, True, False
+            self._kept_call()
+            return
         _, oh, ow = self.out_shape
         x = s.input.reshape(self.batch, *self.in_shape)
         y = self.output.reshape(self.batch, self.n, oh, ow)
@@ -427,12 +437,13 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
                 self._fused = True
                 return
             if self.means_into is not None:
-                self._forward_fv(x, y, self._epilogue(False), mean=self.means_into.input_means())
+                self._keep_call(s, self._forward_fv(x, y, self._epilogue(False),
+                                                    mean=self.means_into.input_means()))
                 return
             if self.pool_into is not None:
                 pool = self.pool_into.output.reshape(self.batch, self.n, oh // 2, ow // 2)
         if self.direct_fv:
-            self._forward_fv(x, y, self._epilogue(s.train), pool)
+            self._keep_call(s, self._forward_fv(x, y, self._epilogue(s.train), pool))
         elif self.winograd:
             keep = s.train and self.vkeep.size > 0
             self._winograd(x, self.weights.value, self.padding, y, add=False, keep=keep,
@@ -441,9 +452,12 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
                            pool=pool)
             self._v_kept = keep
         elif self.direct:
-            dk.conv_forward(y, x, self.weights.value, self.stride_y, self.stride_x, self.padding,
-                            dk.forward_rows(self.batch, oh, ow, self.size, self.stride_x),
-                            *self._epilogue(s.train), pool=pool)
+            call = dk.forward_call(y, x, self.weights.value, self.stride_y, self.stride_x,
+                                   self.padding, dk.forward_rows(self.batch, oh, ow, self.size,
+                                                                 self.stride_x),
+                                   *self._epilogue(s.train), pool=pool)
+            call[0](*call[1], thread_count())
+            self._keep_call(s, (*call, None))
         elif self.pointwise:
             pw.conv_forward(y.reshape(self.batch, self.n, -1),
                             x.reshape(self.batch, self.in_shape[0], -1),
@@ -454,6 +468,20 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
             self.allocate_training()         # a no-op once they exist (the network sizes them)
         if not self._fused:
             forward_bias_bn_act(self, y.reshape(self.batch, self.n, -1), s.train, keep_pre=s.train)
+
+    def _made_from(self, s: State) -> tuple:
+        """What an inference forward's kernel call is made from (`KeptCall.matches`)."""
+        pool, means = self.pool_into, self.means_into
+        return (s.input, self.output, self.weights.value, self._kept_epilogue, pool,
+                None if pool is None else pool.output, self.average_into, means,
+                None if means is None else means.input_means())
+
+    def _keep_call(self, s: State, call: tuple) -> None:
+        """Keep the (kernel, arguments, what runs after) `call` this forward made, when the next
+        inference forward will make the same: the weights fixed (the epilogue kept, fused)."""
+        self._kept_call = None
+        if not s.train and self._fused and self._kept_epilogue is not None:
+            self._kept_call = KeptCall(*call, self._made_from(s))
 
     def backward(self, s: State) -> None:
         _, oh, ow = self.out_shape
