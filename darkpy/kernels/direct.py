@@ -639,17 +639,17 @@ def conv_forward(y, x, w, sy, sx, pad, rows, k=_NO_AFFINE, off=_NO_AFFINE, act=0
     `winograd.outputs`'s). `pool` (B, N, OH/2, OW/2), with k given and even OH, OW: each finished
     block's 2x2 stride-2 maxima go there and y is not written (kernels/pool2x2.py; `rows` is then
     made even)."""
-    run, args = forward_call(y, x, w, sy, sx, pad, rows, k, off, act, pool)
+    run, args, _ = forward_call(y, x, w, sy, sx, pad, rows, k, off, act, pool)
     run(*args, thread_count())
 
 
 def forward_call(y, x, w, sy, sx, pad, rows, k=_NO_AFFINE, off=_NO_AFFINE, act=0, pool=None):
-    """`conv_forward` as the compiled kernel and its arguments but the last (the thread count,
-    `thread_count()` at each call): a caller that makes the same call again may keep them
-    (layers/kernel_call.py)."""
+    """`conv_forward` as the compiled kernel, its arguments but the last (the thread count,
+    `thread_count()` at each call) and what runs after it (nothing: None), for a caller that keeps
+    them (layers/kernel_call.py)."""
     if pool is not None:
         rows = max(2, rows - rows % 2)
     serial = y.size < PARALLEL_MIN and y.size * w[0].size < PARALLEL_MIN * PARALLEL_MIN_TAPS
     run = TWINS[kind_of(w.shape[1], w.shape[2], sy, sx)][0 if serial else 1]
     return run, (y, x, w, sy, sx, pad, rows, k, off, act,
-                 no_pool(y.dtype) if pool is None else pool)
+                 no_pool(y.dtype) if pool is None else pool), None

@@ -12,7 +12,7 @@ import numpy as np
 from ..kernels import activations as act
 from ..kernels import direct_fv as fv
 from ..kernels import direct_fv_grad as fvg
-from ..kernels import thread_count
+from .kernel_call import KeptCall
 
 
 class DirectFvConv:
@@ -41,16 +41,15 @@ class DirectFvConv:
         super().weights_changed()
         self._kept_wt = None
 
-    def _forward_fv(self, x, y, epilogue: tuple, pool=None, mean=None) -> tuple | None:
+    def _forward_fv(self, x, y, epilogue: tuple, pool=None, mean=None) -> KeptCall:
         """y (B, n, oh, ow) := the correlation of x (B, c, h, w), then `epilogue` (see
         `inference_epilogue`) when not empty; with `pool`, its 2x2 maxima written there instead
         (`_fv_writes_pooled`); with `mean` (B, n), each map's mean (`can_write_means`). Returns
-        the kernel call made (`fv.forward_call`: kernel, arguments, what runs after)."""
-        call = fv.forward_call(y, x, self.filters_last(), self.size, self.stride_y, self.stride_x,
-                               self.padding, *epilogue, pool=pool, mean=mean)
-        call[0](*call[1], thread_count())
-        if call[2] is not None:
-            call[2][0](*call[2][1])
+        the kernel call it made (`fv.forward_call`)."""
+        call = KeptCall(*fv.forward_call(y, x, self.filters_last(), self.size, self.stride_y,
+                                         self.stride_x, self.padding, *epilogue, pool=pool,
+                                         mean=mean))
+        call()
         return call
 
     def _fv_writes_means(self) -> bool:

@@ -37,7 +37,6 @@ from ..kernels import direct_fv_grad as fvg
 from ..kernels import direct_wgrad as dwg
 from ..kernels import im2col as ic
 from ..kernels import pointwise as pw
-from ..kernels import thread_count
 from ..kernels import winograd as wg
 from ..memory import param_zeros
 from .base import Layer, Param, State, fmt_shape, register
@@ -452,12 +451,12 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
                            pool=pool)
             self._v_kept = keep
         elif self.direct:
-            call = dk.forward_call(y, x, self.weights.value, self.stride_y, self.stride_x,
-                                   self.padding, dk.forward_rows(self.batch, oh, ow, self.size,
-                                                                 self.stride_x),
-                                   *self._epilogue(s.train), pool=pool)
-            call[0](*call[1], thread_count())
-            self._keep_call(s, (*call, None))
+            call = KeptCall(*dk.forward_call(
+                y, x, self.weights.value, self.stride_y, self.stride_x, self.padding,
+                dk.forward_rows(self.batch, oh, ow, self.size, self.stride_x),
+                *self._epilogue(s.train), pool=pool))
+            call()
+            self._keep_call(s, call)
         elif self.pointwise:
             pw.conv_forward(y.reshape(self.batch, self.n, -1),
                             x.reshape(self.batch, self.in_shape[0], -1),
@@ -476,12 +475,13 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
                 None if pool is None else pool.output, self.average_into, means,
                 None if means is None else means.input_means())
 
-    def _keep_call(self, s: State, call: tuple) -> None:
-        """Keep the (kernel, arguments, what runs after) `call` this forward made, when the next
-        inference forward will make the same: the weights fixed (the epilogue kept, fused)."""
+    def _keep_call(self, s: State, call: KeptCall) -> None:
+        """Keep the kernel call this forward made, when the next inference forward will make the
+        same: the weights fixed (the epilogue kept, fused)."""
         self._kept_call = None
         if not s.train and self._fused and self._kept_epilogue is not None:
-            self._kept_call = KeptCall(*call, self._made_from(s))
+            call.made_from = self._made_from(s)
+            self._kept_call = call
 
     def backward(self, s: State) -> None:
         _, oh, ow = self.out_shape

@@ -22,7 +22,7 @@ class KeptCall:
 
     __slots__ = ("run", "args", "then", "made_from")
 
-    def __init__(self, run, args: tuple, then: tuple | None, made_from: tuple):
+    def __init__(self, run, args: tuple, then: tuple | None = None, made_from: tuple = ()):
         self.run, self.args, self.then, self.made_from = run, args, then, made_from
 
     def matches(self, made_from: tuple) -> bool:
