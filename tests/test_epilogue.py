@@ -21,15 +21,15 @@ width={h}
 channels={c}
 [convolutional]
 filters={n}
-size=3
+size={k}
 stride={s}
 pad=1
 batch_normalize={bn}
 activation={activation}
 """
-#: path -> (input channels, filters, stride)
-PATHS = {"winograd": (33, 8, 1), "direct": (3, 6, 1), "direct stride 2": (2, 32, 2),
-         "direct 16 channels": (16, 8, 1)}
+#: path -> (input channels, filters, stride, kernel size)
+PATHS = {"winograd": (33, 8, 1, 3), "direct": (3, 6, 1, 3), "direct stride 2": (2, 32, 2, 3),
+         "direct 16 channels": (16, 8, 1, 3), "direct 5x5": (3, 6, 1, 5)}
 
 
 @pytest.fixture(autouse=True)
@@ -42,12 +42,12 @@ def _no_direct_fv():
 
 
 def _forward(monkeypatch, path, fused, h, bn, darknet_cpu, activation, seed):
-    c, n, s = PATHS[path]
+    c, n, s, k = PATHS[path]
     monkeypatch.setattr(conv, "FUSED_EPILOGUE", fused)
     monkeypatch.setattr(conv, "WINOGRAD_MIN_TILES", 1)
     monkeypatch.setattr(ic, "CHUNK_VALUES", 16 * 40 * 40)     # several Winograd chunks at 40x40
     monkeypatch.setattr(dk, "MID_MIN_POSITIONS", 1)            # 16 channels direct at 7x7 too
-    net = network_from_text(CFG.format(h=h, c=c, n=n, s=s, bn=bn, activation=activation),
+    net = network_from_text(CFG.format(h=h, c=c, n=n, s=s, k=k, bn=bn, activation=activation),
                             dtype=np.float32)
     layer = net.layers[0]
     assert (layer.winograd, layer.direct) == (path == "winograd", path != "winograd")
@@ -78,7 +78,7 @@ def test_fused_epilogue_gives_the_separate_passes_bits(monkeypatch, path, activa
 def test_training_forward_keeps_the_separate_pass(monkeypatch):
     """Batch statistics need every plane first: a training forward never fuses."""
     monkeypatch.setattr(conv, "WINOGRAD_MIN_TILES", 1)
-    net = network_from_text(CFG.format(h=8, c=16, n=8, s=1, bn=1, activation="leaky"))
+    net = network_from_text(CFG.format(h=8, c=16, n=8, s=1, k=3, bn=1, activation="leaky"))
     layer = net.layers[0]
     assert layer.winograd
     net.forward(np.ones(net.input.shape), train=True)

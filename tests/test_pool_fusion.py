@@ -261,3 +261,30 @@ def test_pooled_epilogue_rows_in_vectors_gives_the_same_bits(act, k, off, h, pw,
     np.testing.assert_array_equal(got[3:3 + h * pw].reshape(h, pw).view(np.uint32),
                                   want.view(np.uint32))
     assert (got[:3] == 7).all() and (got[3 + h * pw:] == 7).all()
+
+
+@pytest.mark.parametrize("dtype,batch,act,flip", [
+    (np.float32, 1, "leaky", False), (np.float32, 3, "mish", False),
+    (np.float64, 2, "leaky", True), (np.float32, 2, "linear", True)])
+def test_direct_layer_of_another_kernel_size_writes_its_pool_too(dtype, batch, act, flip):
+    """A 5x5 first layer (the direct path's kernel for sizes other than 3x3, `_forward_block`)
+    writes its 2x2 maxpool through the same out-step as the 3x3 one: the same bits as the two
+    layers apart, serial (24x24) and parallel (64x64), with the epilogue before the maxima where a
+    filter's scale is negative (`flip`)."""
+    text = ("[net]\nwidth={s}\nheight={s}\nchannels=3\n[convolutional]\nbatch_normalize=1\n"
+            "filters=12\nsize=5\npad=1\nactivation={act}\n[maxpool]\nsize=2\nstride=2\n"
+            "[convolutional]\nfilters=4\nsize=1\nactivation=linear\n")
+    for s in (24, 64):
+        net = network_from_text(text.format(s=s, act=act), batch=batch, dtype=dtype)
+        sane_weights(net.layers)
+        if flip:
+            net.layers[0].bn.scales.value[1::2] *= -1
+        x = np.random.default_rng(s).uniform(-1, 1, net.input.shape).astype(dtype)
+        ref = net.forward(x).copy()
+        want = net.layers[1].output.copy()
+        net.share_outputs(keep=[1])
+        assert net.layers[0].direct and net.layers[0].pool_into is net.layers[1]
+        net._arena[...] = np.nan
+        for _ in range(2):
+            np.testing.assert_array_equal(net.forward(x), ref)
+            np.testing.assert_array_equal(net.layers[1].output, want)

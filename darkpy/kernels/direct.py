@@ -29,9 +29,8 @@ from numba import prange, types
 from numba.extending import overload
 
 from . import PARALLEL_MIN, njit, simd, thread_count, vjit
-from .bn import affine_act_row
 from .epilogue import affine_act_rows_into
-from .pool2x2 import epilogue_pool_flat, epilogue_pool_rows, no_pool
+from .pool2x2 import epilogue_pool_flat, no_pool
 
 #: A forward with fewer than PARALLEL_MIN outputs still runs in parallel when it does at least
 #: PARALLEL_MIN · PARALLEL_MIN_TAPS multiply-adds (1M, ~15 µs on one core): shapes-tiny's 32 -> 64
@@ -290,12 +289,21 @@ def _forward_block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw, k, off, act, p, kin
     for f0 in range(0, N, width):
         _sums3(acc, pf, w, f0, rows, sy, sx, lw, kind)
         for q in range(0, width, 4):
-            if p.shape[0]:
-                _pool_out(p, acc, M, q, _four(f0 + q, N), b, oy0, rows, lw, k, off, act)
-            elif k.shape[0]:
-                _act_out(y, acc, M, q, _four(f0 + q, N), b, oy0, rows, lw, k, off, act)
-            else:
-                _copy_out(y, acc, M, q, _four(f0 + q, N), b, oy0, rows, lw)
+            _write_out(y, acc, M, q, _four(f0 + q, N), b, oy0, rows, lw, k, off, act, p)
+
+
+@_jit
+def _write_out(y, acc, M, q, f, b, oy0, rows, lw, k, off, act, p):
+    """A pass's sums of the four filters f (runs of M values of acc from the q-th on) out to rows
+    oy0.. of item b, as both block kinds write them: with a pooled output p their 2x2 maxima
+    through the epilogue (`_pool_out`), else through the epilogue when k is not empty
+    (`_act_out`), else as they are (`_copy_out`)."""
+    if p.shape[0]:
+        _pool_out(p, acc, M, q, f, b, oy0, rows, lw, k, off, act)
+    elif k.shape[0]:
+        _act_out(y, acc, M, q, f, b, oy0, rows, lw, k, off, act)
+    else:
+        _copy_out(y, acc, M, q, f, b, oy0, rows, lw)
 
 
 def _sums3(acc, pf, w, f0, rows, sy, sx, lw, kind):
@@ -402,10 +410,11 @@ def _pass3(acc, pf, w, f0, rows, sy, sx, lw, width):
 
 
 @_jit
-def _forward_block(y, pf, acc, w, b, oy0, rows, sy, sx, lw):
-    """y[b, :, oy0:oy0+rows, :] from the block's planes pf, any kernel size; acc: scratch of
-    FILTERS_PER_PASS·rows·lw values. Four filters per pass, one tap per pass, the first pass
-    assigning and the others adding."""
+def _forward_block(y, pf, acc, w, b, oy0, rows, sy, sx, lw, k, off, act, p):
+    """y[b, :, oy0:oy0+rows, :] (or its pool p) from the block's planes pf, any kernel size;
+    acc: scratch of FILTERS_PER_PASS·rows·lw values. Four filters per pass, one tap per pass, the
+    first pass assigning and the others adding; each pass written out as `_forward_block3`'s
+    (`_write_out`)."""
     N, C, ks = w.shape[0], w.shape[1], w.shape[2]
     R = rows + (ks - 1) // sy + 1
     M = rows * lw
@@ -427,7 +436,7 @@ def _forward_block(y, pf, acc, w, b, oy0, rows, sy, sx, lw):
                         a1[j] += v0 * s0[j]
                         a2[j] += p0 * s0[j]
                         a3[j] += q0 * s0[j]
-        _copy_out(y, acc, M, 0, f, b, oy0, rows, lw)
+        _write_out(y, acc, M, 0, f, b, oy0, rows, lw, k, off, act, p)
 
 
 @_jit
@@ -471,8 +480,7 @@ def _pool_out(p, acc, M, q, f, b, oy0, rows, lw, k, off, act):
 def _act_out(y, acc, M, q, f, b, oy0, rows, lw, k, off, act):
     """`_copy_out` through the inference epilogue: each filter's rows written once, straight from
     its accumulators, in vectors (`epilogue.affine_act_rows_into`), instead of copied out and
-    then passed over again in place, block by block (`_epilogue_rows`, which the other kernel
-    sizes keep). cifar's first layer (3 -> 128 on 28x28) at b64, the kernel alone (2-core AVX-512
+    then passed over again in place, block by block. cifar's first layer (3 -> 128 on 28x28) at b64, the kernel alone (2-core AVX-512
     Xeon, min of 10 calls): one thread 5.0 -> 4.0 ms, two 2.32 -> 1.85 ms (the copy without an
     epilogue: 1.82); within its network, alone: 2.33 -> 1.98 ms; shapes-tiny's first layer (3 -> 16,
     stride 2, from 128x128) 1.52 -> 1.35 ms, darknet19's (3 -> 32 on 224x224) at b16 6.15 ->
@@ -531,33 +539,12 @@ def _unit3(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kin
 
 
 def _unit_any(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind):
-    """`_unit3` for any kernel size (`_forward_block`), pooled from a scratch block."""
+    """`_unit3` for any kernel size (`_forward_block`)."""
     b = t // nblk
     oy0 = (t % nblk) * rows
     n = min(rows, y.shape[2] - oy0)
-    N, OW = y.shape[1], y.shape[3]
     _fill(pf, x, b, oy0, n, sy, sx, pad, w.shape[2], lw)
-    # the rows are written at (b, oy0) of y, or at (0, 0) of a scratch block (one call site: each
-    # inlined copy of `_forward_block` takes seconds to compile)
-    if p.shape[0]:
-        out, bo, yo = np.empty((1, N, n, OW), y.dtype), 0, 0
-    else:
-        out, bo, yo = y, b, oy0
-    _forward_block(out, pf, acc, w, bo, yo, n, sy, sx, lw)
-    if p.shape[0]:
-        for f in range(N):
-            epilogue_pool_rows(p[b, f, oy0 // 2:(oy0 + n) // 2], out[0, f], k[f], off[f], act)
-    elif k.shape[0]:
-        _epilogue_rows(y, b, oy0, n, k, off, act)
-
-
-@_jit
-def _epilogue_rows(y, b, oy0, n, k, off, act):
-    """The inference epilogue on rows oy0..oy0+n−1 of item b of y, every filter."""
-    OW = y.shape[3]
-    for f in range(y.shape[1]):
-        plane = simd.flat(y[b, f])
-        affine_act_row(plane[oy0 * OW:(oy0 + n) * OW], k[f], off[f], act)
+    _forward_block(y, pf, acc, w, b, oy0, n, sy, sx, lw, k, off, act, p)
 
 
 def _literal(kind):
