@@ -471,8 +471,8 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
     def _made_from(self, s: State) -> tuple:
         """What an inference forward's kernel call is made from (`KeptCall.matches`)."""
         pool, means = self.pool_into, self.means_into
-        return (s.input, self.output, self.weights.value, self._kept_epilogue, pool,
-                None if pool is None else pool.output, self.average_into, means,
+        return (s.input, self.output, self.weights.value, self._kept_epilogue,
+                None if pool is None else pool.output, self.average_into,
                 None if means is None else means.input_means())
 
     def _keep_call(self, s: State, call: KeptCall) -> None:
