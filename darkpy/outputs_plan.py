@@ -196,7 +196,8 @@ def apply(layers: Sequence, output_index: int, keep: Iterable[int], dtype) -> tu
     sizes = [0 if i in kept or i in host or not _plain(layer) else layer.output.size
              for i, layer in enumerate(layers)]
     offsets, total = place(sizes, first, last)
-    arena = np.empty(max(total, 1), dtype)
+    raw = np.empty(max(total, 1) + ALIGN, dtype)
+    arena = raw[(-raw.ctypes.data // raw.itemsize) % ALIGN:][:max(total, 1)]
     replaced = 0
     for i, layer in enumerate(layers):
         if sizes[i]:

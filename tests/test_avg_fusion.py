@@ -1,7 +1,8 @@
 """A linear 1x1 convolution that writes the global [avgpool] after it by averaging its input first
 (layers/conv_averaged.py, inference with shared outputs only): the pool's output and the network's
-are those of the two layers run apart within rounding, on both of its paths (one serial call for
-small pairs, the parallel pool and a BLAS GEMM for larger ones), with and without batch norm, in
+are those of the two layers run apart within rounding, on each of its paths (one serial call for
+small pairs; for larger ones the parallel pool, then a dot product per output or, from
+BLOCKED_MIN_BATCH items, the filters-by-items microkernel), with and without batch norm, in
 float32 and float64; and fused only where that is the same function.
 """
 from __future__ import annotations
@@ -49,7 +50,11 @@ def _net(s=8, c=16, n=10, bn=1, act="linear", k=1, pad=0, batch=2, dtype=np.floa
     (np.float32, 8, 64, 10, 3, 0),      # 12288 inputs: the pool and the GEMM
     (np.float32, 7, 96, 200, 4, 1),     # 76800 multiply-adds: the pool and the GEMM
     (np.float64, 4, 16, 10, 2, 0),
-    (np.float64, 8, 64, 30, 3, 1)])
+    (np.float64, 8, 64, 30, 3, 1),
+    (np.float32, 8, 96, 44, 16, 1),     # filters by items: one vector of items, blocks overlapping
+    (np.float32, 7, 96, 200, 20, 0),    # two vectors (zeros past the batch)
+    (np.float32, 5, 64, 24, 48, 1),     # two vectors, then one
+    (np.float64, 8, 64, 70, 17, 1)])
 def test_averaging_first_gives_the_two_layers_values(dtype, s, c, n, batch, bn):
     net = _net(s, c, n, bn, batch=batch, dtype=dtype)
     small = batch * c * s * s <= conv_averaged.SMALL_VALUES and batch * c * n <= conv_averaged.SMALL_MACS
@@ -59,6 +64,8 @@ def test_averaging_first_gives_the_two_layers_values(dtype, s, c, n, batch, bn):
     pooled = net.layers[2].output.copy()
     net.share_outputs(keep=[2])
     assert net.layers[1].average_into is net.layers[2] and net.layers[2].pooled_by is net.layers[1]
+    assert net.layers[1]._blocked == (batch >= conv_averaged.BLOCKED_MIN_BATCH
+                                      and batch * c * n >= conv_averaged.PARALLEL_MIN_MACS)
     net._arena[...] = np.nan                            # a value read but not written shows
     tol = dict(rtol=2e-5, atol=1e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-14)
     for _ in range(2):

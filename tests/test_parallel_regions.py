@@ -12,6 +12,8 @@ import linecache
 import numba
 import numpy as np
 import pytest
+from numba.core.compiler import CompilerBase, DefaultPassBuilder
+from numba.core.compiler_machinery import FunctionPass, PassManager, register_pass
 
 from darkpy.kernels import activations as act
 from darkpy.kernels import attention as attk
@@ -26,17 +28,50 @@ from darkpy.kernels import simd
 from darkpy.kernels import winograd as wg
 from darkpy.kernels import winograd_fused as wgf
 from darkpy import optim
-from darkpy.layers import gated, layernorm, mha, pooling, shortcut, upsample, xent
+from darkpy.layers import conv_averaged, gated, layernorm, mha, pooling, shortcut, upsample, xent
+
+
+class _Parfors(Exception):
+    """Raised by `_StopAfterParfors` with the compilation's parfor diagnostics."""
+
+    def __init__(self, diagnostics):
+        super().__init__("parfor diagnostics")
+        self.diagnostics = diagnostics
+
+
+@register_pass(mutates_CFG=False, analysis_only=True)
+class _StopAfterParfors(FunctionPass):
+    """Ends a compilation once numba's parallel passes have made (and fused) its parfors."""
+    _name = "darkpy_stop_after_parfors"
+
+    def __init__(self):
+        FunctionPass.__init__(self)
+
+    def run_pass(self, state):
+        raise _Parfors(state.metadata["parfor_diagnostics"])
+
+
+class _UpToParfors(CompilerBase):
+    """numba's nopython pipeline without its lowering: the parfors are all there, and the LLVM
+    code generation of a large parallel kernel (most of a fresh compile's time) is skipped."""
+
+    def define_pipelines(self):
+        pm = PassManager("up to parfors")
+        pm.passes.extend(DefaultPassBuilder.define_untyped_pipeline(self.state).passes)
+        pm.passes.extend(DefaultPassBuilder.define_typed_pipeline(self.state).passes)
+        pm.add_pass(_StopAfterParfors, "stop after the parfor passes")
+        pm.finalize()
+        return [pm]
 
 
 def _parfor_lines(kernel, *args):
     """(file:line, source) of every parfor of a fresh parallel compilation of `kernel` on args."""
     options = {k: v for k, v in kernel.targetoptions.items() if k not in ("cache", "nopython")}
-    fresh = numba.njit(**options)(kernel.py_func)
-    fresh(*args)
-    diagnostics = fresh.get_metadata(fresh.signatures[0])["parfor_diagnostics"]
+    fresh = numba.njit(pipeline_class=_UpToParfors, **options)(kernel.py_func)
+    with pytest.raises(_Parfors) as stopped:
+        fresh(*args)
     return [(f"{pf.loc.filename}:{pf.loc.line}", linecache.getline(pf.loc.filename, pf.loc.line))
-            for pf in diagnostics.get_parfors()]
+            for pf in stopped.value.diagnostics.get_parfors()]
 
 
 def _direct_args(kind):
@@ -167,6 +202,9 @@ CASES = {
     "fused attention backward": (attk.attention_backward, lambda: (
         _f32(10, 6 * attk.CV), _f32(2, 2, 5, 5), _f32(2, 2, 5, 5, seed=1), _f32(10, 2 * attk.CV, seed=2),
         _f32(10, 6 * attk.CV, seed=3), 0.5, True)),
+    "averaged 1x1 product, filters by items": (conv_averaged._product_blocked, lambda: (
+        np.zeros((3, 10), np.float32), _f32(3, 8), _f32(10, 8, seed=1), np.ones(10), np.zeros(10), 2,
+        np.zeros((8, simd.LANES), np.float32), np.zeros((10, simd.LANES), np.float32))),
     "adamw step": (optim.adamw_step, lambda: (*(_f32(40, seed=i) for i in range(4)), 1e-3, 2, 0.9, 0.99, 1e-8, 3, 0.01)),
     "sum of squares": (optim.sum_squares, lambda: (_f32(100),)),
     "gemm": (gemm.matmul, lambda: (_f32(16, 2 * simd.LANES), _f32(16, 5), _f32(5, 2 * simd.LANES, seed=1), False,
