@@ -1,4 +1,4 @@
-"""An inference forward's kept kernel call (layers/kernel_call.py): the direct paths of an
+"""An inference forward's kept kernel call (kernels/kernel_call.py): the direct paths of an
 inferring network make their kernel call once and reuse it, giving the outputs a network that
 makes it every time gives; new weights (`weights_changed`), a new batch and a training forward
 each make it anew or drop it; the thread count is read at every call."""
@@ -12,8 +12,8 @@ import pytest
 from benchmarks.engine import sane_weights
 from darkpy.kernels import direct as dk
 from darkpy.kernels import direct_fv as fv
-from darkpy.layers import kernel_call
-from darkpy.layers.kernel_call import KeptCall
+from darkpy.kernels import kernel_call
+from darkpy.kernels.kernel_call import KeptCall
 from darkpy.network import load_network
 
 DIGITS = Path(__file__).resolve().parents[1] / "cfg" / "digits.cfg"

@@ -28,8 +28,9 @@ import numpy as np
 from numba import prange, types
 from numba.extending import overload
 
-from . import PARALLEL_MIN, njit, simd, thread_count, vjit
+from . import PARALLEL_MIN, njit, simd, vjit
 from .epilogue import affine_act_rows_into
+from .kernel_call import KeptCall
 from .pool2x2 import epilogue_pool_flat, no_pool
 
 #: A forward with fewer than PARALLEL_MIN outputs still runs in parallel when it does at least
@@ -626,14 +627,13 @@ def conv_forward(y, x, w, sy, sx, pad, rows, k=_NO_AFFINE, off=_NO_AFFINE, act=0
     `winograd.outputs`'s). `pool` (B, N, OH/2, OW/2), with k given and even OH, OW: each finished
     block's 2x2 stride-2 maxima go there and y is not written (kernels/pool2x2.py; `rows` is then
     made even)."""
-    run, args, _ = forward_call(y, x, w, sy, sx, pad, rows, k, off, act, pool)
-    run(*args, thread_count())
+    KeptCall(*forward_call(y, x, w, sy, sx, pad, rows, k, off, act, pool))()
 
 
 def forward_call(y, x, w, sy, sx, pad, rows, k=_NO_AFFINE, off=_NO_AFFINE, act=0, pool=None):
     """`conv_forward` as the compiled kernel, its arguments but the last (the thread count,
     `thread_count()` at each call) and what runs after it (nothing: None), for a caller that keeps
-    them (layers/kernel_call.py)."""
+    them (kernels/kernel_call.py)."""
     if pool is not None:
         rows = max(2, rows - rows % 2)
     serial = y.size < PARALLEL_MIN and y.size * w[0].size < PARALLEL_MIN * PARALLEL_MIN_TAPS

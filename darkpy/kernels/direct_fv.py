@@ -38,10 +38,11 @@ import functools
 import numpy as np
 from numba import prange
 
-from . import PARALLEL_MIN, njit, simd, thread_count, vjit
+from . import PARALLEL_MIN, njit, simd, vjit
 from .activations import LEAKY, LINEAR, RELU
 from .bn import affine_act_row
 from .fv_tiles import FV, _jit, _serial, block_at, identity, run_tile
+from .kernel_call import KeptCall
 from .pool2x2 import max4v, no_pool, pools_first
 
 #: Output positions per unit of parallel work (whole microkernels of 4 or 6 positions).
@@ -497,17 +498,14 @@ def conv_forward(y, x, wt, k, sy, sx, pad, kk=_NO_AFFINE, off=_NO_AFFINE, act=0,
     more (a 7x7 map's few outputs over thousands of taps). A parallel, padded stride-1 layer in a
     batch computes only the taps inside the input (kernels/direct_fv_border.py), where its
     epilogue is on the tiles or there is none."""
-    run, args, then = forward_call(y, x, wt, k, sy, sx, pad, kk, off, act, add, pool, mean)
-    run(*args, thread_count())
-    if then is not None:
-        then[0](*then[1])
+    KeptCall(*forward_call(y, x, wt, k, sy, sx, pad, kk, off, act, add, pool, mean))()
 
 
 def forward_call(y, x, wt, k, sy, sx, pad, kk=_NO_AFFINE, off=_NO_AFFINE, act=0, add=False,
                  pool=None, mean=None):
     """`conv_forward` as the compiled kernel, its arguments but the last (the thread count,
     `thread_count()` at each call) and what runs after it (None, or the means of y off the border
-    path: a function and its arguments), for a caller that keeps them (layers/kernel_call.py)."""
+    path: a function and its arguments), for a caller that keeps them (kernels/kernel_call.py)."""
     B, N, OH, OW = y.shape
     tiled = kk.shape[0] > 0 and on_tiles(y.dtype, act)
     if pool is not None and not (tiled and not add and OH % 2 == 0 and OW % 2 == 0

@@ -74,12 +74,18 @@ class AveragedConv:
     def averaged_scratch(self) -> None:
         """The (B, c) means `_forward_averaged` writes, made when `fuse_pools` fuses the pair."""
         self._averaged = np.empty((self.batch, self.in_shape[0]), self.dtype)
-        self._blocked = (self.batch >= BLOCKED_MIN_BATCH and self.n >= 8
-                         and self.batch * self.in_shape[0] * self.n >= PARALLEL_MIN_MACS)
-        items = -(-self.batch // simd.LANES) * simd.LANES if self._blocked else 0
-        #: the means transposed, (c, items) with zeros past the batch, and the products (n, items)
+        blocked = (self.batch >= BLOCKED_MIN_BATCH and self.n >= 8
+                   and self.batch * self.in_shape[0] * self.n >= PARALLEL_MIN_MACS)
+        items = -(-self.batch // simd.LANES) * simd.LANES if blocked else 0
+        #: the means transposed, (c, items) with zeros past the batch, and the products (n, items);
+        #: empty where the product is not blocked (`_blocked`)
         self._means_t = np.empty((self.in_shape[0], items), self.dtype)
         self._sums_t = np.empty((self.n if items else 0, items), self.dtype)
+
+    @property
+    def _blocked(self) -> bool:
+        """Whether `_forward_averaged` takes the product filters by items (`_product_blocked`)."""
+        return self._means_t.size > 0
 
     def input_means(self) -> np.ndarray:
         """The (B, c) means of the input, for the layer before to write (`means_by`, set by

@@ -12,7 +12,7 @@ import numpy as np
 from ..kernels import activations as act
 from ..kernels import direct_fv as fv
 from ..kernels import direct_fv_grad as fvg
-from .kernel_call import KeptCall
+from ..kernels.kernel_call import KeptCall
 
 
 class DirectFvConv:

@@ -36,6 +36,7 @@ from ..kernels import direct as dk
 from ..kernels import direct_fv_grad as fvg
 from ..kernels import direct_wgrad as dwg
 from ..kernels import im2col as ic
+from ..kernels.kernel_call import KeptCall
 from ..kernels import pointwise as pw
 from ..kernels import winograd as wg
 from ..memory import param_zeros
@@ -46,7 +47,6 @@ from .conv_averaged import AveragedConv
 from .conv_direct_fv import DirectFvConv
 from .conv_gemm import GemmConv
 from .conv_winograd import WinogradConv
-from .kernel_call import KeptCall
 
 #: Per-item multiply-adds (n/g · c/g·k·k · oh·ow) from which a batch's items are put side by side
 #: into one GEMM (`ConvolutionalLayer.wide`); below it numpy's stacked matmul (one GEMM per item).
@@ -420,7 +420,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         `outputs_plan.fuse_pools` fused is written instead of the output: the average pool after
         it, its maps' means for the layer after, or the 2x2 maxpool after it. An inference forward
         of the direct paths with the weights fixed makes its kernel call once and keeps it
-        (layers/kernel_call.py)."""
+        (kernels/kernel_call.py)."""
         if not s.train and self._kept_call is not None and self._kept_call.matches(self._made_from(s)):
             self._v_kept, self._fused, self._trained = False, True, False
             self._kept_call()

@@ -1,4 +1,7 @@
-"""A convolution's inference kernel call, kept while nothing it was made from changes.
+"""A convolution's kernel call: the compiled kernel, its arguments but the thread count, and what
+runs after it, made by a path's `forward_call` (kernels/direct.py, kernels/direct_fv.py). Each
+path's `conv_forward` makes one and runs it; an inference forward keeps it while nothing it was
+made from changes (layers/convolutional.py).
 
 At batch 1 a small network's layers each spend a few microseconds of Python before their kernel
 runs: the input and output viewed in 4-D, the path's sizes and branches, the kernel and its
@@ -13,7 +16,7 @@ layer).
 """
 from __future__ import annotations
 
-from ..kernels import thread_count
+from . import thread_count
 
 
 class KeptCall:
