@@ -81,24 +81,27 @@ def test_kernels_match_float64_correlation(shape, rows):
     np.testing.assert_allclose(dw, 0.25 + weight_grad(x, d, k, sy, sx, pad), rtol=1e-11, atol=1e-11)
 
 
-@pytest.mark.parametrize("stride", [1, 2])
-def test_parallel_branch_equals_reference(stride):
-    """Above PARALLEL_MIN output values (the parallel branches), float32 within rounding."""
+@pytest.mark.parametrize("stride, k", [(1, 3), (2, 3), (2, 7)])
+def test_parallel_branch_equals_reference(stride, k):
+    """Above PARALLEL_MIN output values (the parallel branches), float32 within rounding; a 7x7
+    kernel at stride 2 (its size and stride constants of the microkernel: `dk.SIZED`)."""
     B, C, H, W, N = 4, 3, 50, 46, 16
     assert B * N * (H // stride) * (W // stride) > PARALLEL_MIN
+    assert (dk.kind_of(C, k, stride, stride) >= dk.SIZED) == (k != 3)
     rng = np.random.default_rng(stride)
     x = rng.standard_normal((B, C, H, W)).astype(np.float32)
-    w = rng.standard_normal((N, C, 3, 3)).astype(np.float32)
-    ref = correlation(x, w, stride, stride, 1)
+    w = rng.standard_normal((N, C, k, k)).astype(np.float32)
+    pad = k // 2
+    ref = correlation(x, w, stride, stride, pad)
     y = np.zeros(ref.shape, np.float32)
-    rows = dk.block_rows(ref.shape[2], ref.shape[3], 3, stride)
-    dk.conv_forward(y, x, w, stride, stride, 1, rows)
-    scale = correlation(np.abs(x), np.abs(w), stride, stride, 1).max()
+    rows = dk.block_rows(ref.shape[2], ref.shape[3], k, stride)
+    dk.conv_forward(y, x, w, stride, stride, pad, rows)
+    scale = correlation(np.abs(x), np.abs(w), stride, stride, pad).max()
     assert np.abs(y - ref).max() <= 1e-6 * scale
     d = rng.standard_normal(ref.shape).astype(np.float32)
     dw = np.zeros(w.shape, np.float32)
-    dwg.conv_weight_grad(dw, x, d, stride, stride, 1, rows)
-    g = weight_grad(x.astype(np.float64), d.astype(np.float64), 3, stride, stride, 1)
+    dwg.conv_weight_grad(dw, x, d, stride, stride, pad, rows)
+    g = weight_grad(x.astype(np.float64), d.astype(np.float64), k, stride, stride, pad)
     assert np.abs(dw - g).max() <= 1e-5 * np.abs(g).max()
 
 
@@ -155,10 +158,12 @@ def _net(monkeypatch, direct, dtype=np.float64, **kw):
     return net
 
 
-@pytest.mark.parametrize("kw", [dict(c=16, n=24, h=64, w=66, bn=1), dict(c=32, n=40, h=65, w=64)])
+@pytest.mark.parametrize("kw", [dict(c=16, n=24, h=64, w=66, bn=1), dict(c=32, n=40, h=65, w=64),
+                                dict(c=3, n=64, k=7, pad=3, h=38, w=41, bn=1)])
 def test_inferring_stride_2_layer_equals_im2col(kw):
-    """A 3x3 stride-2 layer over 5-32 channels on a large map takes the direct path only in a
-    network that only infers (MID_STRIDE_2), and gives the im2col path's outputs (float64)."""
+    """A 3x3 stride-2 layer over 5-32 channels on a large map (MID_STRIDE_2), and a 7x7 one over
+    3 channels with more than MAX_FILTERS filters (resnet50's first layer), take the direct path
+    only in a network that only infers, and give the im2col path's outputs (float64)."""
     opts = dict(batch=2, k=3, s=2, pad=1, bn=0) | kw
     net = network_from_text(CFG.format(**opts), dtype=np.float64)
     assert not net.layers[0].direct
@@ -215,13 +220,20 @@ def test_layer_direct_gradcheck(kw):
 
 def test_direct_only_where_it_applies():
     """More than 4 channels (but for 3x3 stride-1 layers on large maps, or on small maps in a small
-    batch of a network that only infers, up to 32), more than 32 filters (128 for 3x3 kernels),
+    batch of a network that only infers, up to 32), more than 32 filters (128 for 3x3 kernels,
+    and for any kernel in a network that only infers),
     groups and dilation keep im2col or Winograd."""
     base = dict(batch=2, h=8, w=8, c=4, n=16, k=3, s=1, pad=1, bn=0)
     for kw, expected in ((dict(), True), (dict(c=3), True), (dict(c=5), False),
                          (dict(n=128), True), (dict(n=129), False), (dict(n=32, c=1), True),
                          (dict(k=5, pad=2, n=32), True), (dict(k=5, pad=2, n=33), False)):
         net = network_from_text(CFG.format(**(base | kw)))
+        assert net.layers[0].direct is expected, kw
+    # only inferring, up to MAX_FILTERS_3X3 filters whatever the kernel
+    for kw, expected in ((dict(k=5, pad=2, n=33), True), (dict(k=7, pad=3, s=2, n=128), True),
+                         (dict(k=7, pad=3, s=2, n=129), False), (dict(k=1, pad=1, n=64), True)):
+        net = network_from_text(CFG.format(**(base | kw)))
+        net.share_outputs()
         assert net.layers[0].direct is expected, kw
     for extra in ("groups=2\n", "dilation=2\n"):
         net = network_from_text(CFG.format(**base) + extra)

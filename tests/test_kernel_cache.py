@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_kind_of_kernel_carries_the_sources_fingerprint():
     """`jit`, `vjit`, `pjit` and the modules' own `njit(...)` flags: numba's cache object of each
     holds the key (this fails, rather than caching stale code quietly, if numba renames it)."""
-    for kernel in (pool2x2.max4, bn.affine_act_row, direct.TWINS[direct.S1][1],
+    for kernel in (pool2x2.max4, bn.affine_act_row, direct.twins(direct.S1)[1],
                    direct_fv._forward_serial, fv_tiles._tile8):
         stamp = kernel._cache._cache_file._source_stamp
         assert isinstance(stamp, tuple) and stamp[1] == kernels.sources_fingerprint(), kernel

@@ -180,7 +180,7 @@ CASES = {
     "gru backward reset": (gated.gru_backward_reset, lambda: _rnn_args(5)),
     "lstm step": (gated.lstm_step, lambda: _rnn_args(15)),
     "lstm backward step": (gated.lstm_backward_step, lambda: _rnn_args(12)),
-    "direct forward": (dk.TWINS[dk.S1_FEW][1], lambda: _direct_args("forward")),
+    "direct forward": (dk.twins(dk.S1_FEW)[1], lambda: _direct_args("forward")),
     "direct weight gradient": (dwg._weight_grad_parallel, lambda: _direct_args("wgrad")),
     "direct across filters, border": (fvb._forward_parallel, _border_args),
     "winograd inputs": (wg.inputs, _winograd_inputs_args),

@@ -24,6 +24,8 @@ Like im2col these compute Darknet's cross-correlation.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import prange, types
 from numba.extending import overload
@@ -47,11 +49,17 @@ _jit = njit(cache=True, nogil=True, inline="always")
 _serial = njit(cache=True, nogil=True)
 
 
-#: Most filters for which the direct forward beat im2col + GEMM (single core, float32): 1.1-1.6x
-#: faster at 16-32 filters on 1-3 channels; at 128 filters (cifar's first layer) GEMM was 1.4x
-#: faster, before 3x3 kernels had the register-blocked microkernel (`_forward_block3`).
+#: Most filters of a layer that trains with a kernel other than 3x3: the direct forward beat
+#: im2col + GEMM at 16-32 filters on 1-3 channels (single core, float32: 1.1-1.6x faster), but
+#: that weight gradient is not register-blocked (`direct_wgrad`) and was not measured past 32.
 MAX_FILTERS = 32
-#: ... and for 3x3 kernels, which have it. Measured on a 2-core Zen 3 (AVX2), each layer's forward
+#: ... and for 3x3 kernels, and any kernel in a network that will only infer. At 128 filters
+#: (cifar's first layer) GEMM was 1.4x faster before the forward had the register-blocked
+#: microkernel (`_pass3`); since: resnet50's first layer (7x7 stride 2, 3 -> 64 from 224x224, with
+#: its 2x2 maxpool) within its network's forward alone (2 threads, 2-core AVX-512 Xeon, min of 30
+#: calls) at b1 1.32 ms + the pool's 0.06 -> 0.75 ms, at b8 12.7 -> 5.9 ms (the same kernel with
+#: its taps' offsets computed in the loop: 0.99 and 8.9 ms, hence the SIZED kinds). For 3x3 kernels
+#: also in training. Measured on a 2-core Zen 3 (AVX2), each layer's forward
 #: alone, min over 6-10 rounds alternating in one process, against the path it took at 32:
 #: tiny.cfg's 16 -> 128 on 56x56 at b16 26.5 -> 19.9 ms (Winograd), at b1 1.01 -> 0.89 and 0.97 ->
 #: 0.95 ms; yolov3-tiny's 32 -> 64 on 104x104 at b1 4.3 -> 3.3 ms; darknet19's 32 -> 64 on 112x112
@@ -94,14 +102,15 @@ SMALL_MAX_BATCH_POSITIONS = 64 * 64
 
 def supports(c: int, n: int, k: int, groups: int, dilation: int, stride: int = 1,
              positions: int = 0, batch: int = 1, inference_only: bool = False) -> bool:
-    """Which layers these kernels handle: ungrouped, undilated, at most MAX_FILTERS filters
-    (MAX_FILTERS_3X3 for 3x3 kernels), and either at most 4 input channels with a kernel at most
+    """Which layers these kernels handle: ungrouped, undilated, at most MAX_FILTERS_3X3 filters
+    (MAX_FILTERS for a kernel other than 3x3 that trains), and either at most 4 input channels with a kernel at most
     7x7, or a 3x3 stride-1 kernel over at most MID_CHANNELS channels whose output maps have
     `positions` (rows x columns) at least MID_MIN_POSITIONS, or, for a layer that will only infer,
     at least SMALL_MIN_POSITIONS with at most SMALL_MAX_BATCH_POSITIONS in the `batch`; or, for a
     layer that will only infer (MID_STRIDE_2), a 3x3 stride-2 kernel over at most MID_CHANNELS
     channels with at least MID_MIN_POSITIONS outputs per map."""
-    if groups != 1 or dilation != 1 or k > 7 or n > (MAX_FILTERS_3X3 if k == 3 else MAX_FILTERS):
+    most = MAX_FILTERS_3X3 if k == 3 or inference_only else MAX_FILTERS
+    if groups != 1 or dilation != 1 or k > 7 or n > most:
         return False
     if c <= 4:
         return True
@@ -201,18 +210,12 @@ def _run(pf, c, ky, kx, sy, sx, R, lw, M):
 
 #: Filters per pass of the forward's block loop: each tap's run is read once for this many
 #: accumulators. 4 measured 1.4-2.2x faster than 2 (single core, AVX-512: yolov3-tiny's first layer
-#: 2.9 -> 1.7 ms, shapes-tiny's at b8 0.63 -> 0.43 ms); 8 was no faster than 4. (`_forward_block3`
+#: 2.9 -> 1.7 ms, shapes-tiny's at b8 0.63 -> 0.43 ms); 8 was no faster than 4. (`_forward_block`
 #: writes its four filters out: it holds 4 x 3 vectors, what AVX2's 16 registers leave room for.)
 FILTERS_PER_PASS = 4
 
 
-@_jit
-def _quarters(acc, M):
-    """The four accumulators of a pass: consecutive runs of M values of `acc`."""
-    return acc[:M], acc[M:2 * M], acc[2 * M:3 * M], acc[3 * M:4 * M]
-
-
-#: Output positions per microkernel step of `_forward_block3`: three vectors. Against two (8
+#: Output positions per microkernel step of `_forward_block`: three vectors. Against two (8
 #: accumulators, the FMAs' latency barely covered), each layer's forward alone, alternating in one
 #: process (2 threads, 2-core Zen 3; same bits): 0.80-0.88x the time on shapes-tiny's three 3x3
 #: layers at b1 and b16, yolov4-tiny's first layer and its 32 -> 32 on 104x104 at b1; cifar's first
@@ -240,7 +243,7 @@ def _store3(a, j, s0, s1, s2):
     simd.store(a, j + 2 * simd.LANES, s2)
 
 
-#: Filters per pass of `_forward_block3` over more than 4 channels: with AVX-512's 32 vector
+#: Filters per pass of `_forward_block` over more than 4 channels: with AVX-512's 32 vector
 #: registers eight (24 accumulators: each tap's three position vectors are loaded once for eight
 #: filters instead of four); AVX2's 16 registers hold only four. Each layer's forward alone, 2-core
 #: Xeon VM (AVX-512), 2 threads, min of 7-15 calls alternating in one process: tiny.cfg's 16 -> 128
@@ -277,7 +280,7 @@ def _store12(acc, q, M, j, s):
 
 
 @_serial
-def _forward_block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw, k, off, act, p, kind):
+def _forward_block(y, pf, acc, w, b, oy0, rows, sy, sx, lw, k, off, act, p, kind):
     """`_forward_block` for 3x3 kernels, register-blocked: pass after pass of `_sums3`, each
     written out, or with a pooled output p, its rows' 2x2 maxima through the epilogue into p
     (`_pool_out`). Compiled once per `kind` (a literal). The one caller of `_sums3`, each call with
@@ -286,7 +289,7 @@ def _forward_block3(y, pf, acc, w, b, oy0, rows, sy, sx, lw, k, off, act, p, kin
     start)."""
     N = w.shape[0]
     M = _steps(rows * lw)
-    width = FILTERS_3X3 if kind == S1 or kind == S2 else 4
+    width = 4 if kind == S1_FEW or kind == STRIDED else FILTERS_3X3
     for f0 in range(0, N, width):
         _sums3(acc, pf, w, f0, rows, sy, sx, lw, kind)
         for q in range(0, width, 4):
@@ -321,16 +324,23 @@ def _sums3_of_kind(acc, pf, w, f0, rows, sy, sx, lw, kind):
     kind = _literal(kind)
     if kind == S1:
         return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass3(
-            acc, pf, w, f0, rows, 1, 1, lw, FILTERS_3X3)
+            acc, pf, w, f0, rows, 1, 1, lw, FILTERS_3X3, 3)
     if kind == S1_FEW:
         return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass3(
-            acc, pf, w, f0, rows, 1, 1, lw, 4)
+            acc, pf, w, f0, rows, 1, 1, lw, 4, 3)
     if kind == S2:
         return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass3_stride2(
             acc, pf, w, f0, rows, lw, FILTERS_3X3)
     if kind == STRIDED:
         return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass3(
-            acc, pf, w, f0, rows, sy, sx, lw, 4)
+            acc, pf, w, f0, rows, sy, sx, lw, 4, 3)
+    if kind == GENERIC:
+        return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass3(
+            acc, pf, w, f0, rows, sy, sx, lw, FILTERS_3X3, w.shape[2])
+    if kind >= SIZED:
+        ks, st = divmod(kind - SIZED, SIZED)
+        return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass3(
+            acc, pf, w, f0, rows, st, st, lw, FILTERS_3X3, ks)
     return None
 
 
@@ -383,15 +393,16 @@ def _pass3_stride2(acc, pf, w, f0, rows, lw, width):
 
 
 @_jit
-def _pass3(acc, pf, w, f0, rows, sy, sx, lw, width):
+def _pass3(acc, pf, w, f0, rows, sy, sx, lw, width, ks):
     """The sums of `width` (4 or 8) filters from f0 over the block, into `width` runs of
     `_steps(rows·lw)` values of acc (kernels/simd.py): for STEP positions the accumulators stay in
-    vector registers over all C·9 taps, each tap one load per vector and one broadcast per filter
-    (the pass-per-kernel-row loop it replaced loaded and stored every accumulator once per three
-    taps: single core, Zen 3, 1.2-1.4x slower). Whole steps only: up to STEP − 1 positions past the
-    block, read from the planes' slack (`_forward_plan`) and dropped."""
+    vector registers over all C·ks·ks taps, each tap one load per vector and one broadcast per
+    filter (the pass-per-kernel-row loop it replaced loaded and stored every accumulator once per
+    three taps: single core, Zen 3, 1.2-1.4x slower). `ks` is the kernel size, a constant 3 for the
+    3x3 kinds. Whole steps only: up to STEP − 1 positions past the block, read from the planes'
+    slack (`_forward_plan`) and dropped."""
     N, C = w.shape[0], w.shape[1]
-    R = rows + 2 // sy + 1
+    R = rows + (ks - 1) // sy + 1
     plane = R * lw
     M = _steps(rows * lw)
     fa, fb = _four(f0, N), _four(f0 + 4, N)
@@ -400,44 +411,14 @@ def _pass3(acc, pf, w, f0, rows, sy, sx, lw, width):
         sa = (z, z, z, z, z, z, z, z, z, z, z, z)
         sb = sa
         for c in range(C):
-            for ky in range(3):
+            for ky in range(ks):
                 row = (c * sy + ky % sy) * sx * plane + (ky // sy) * lw + j
-                for kx in range(3):
+                for kx in range(ks):
                     a = row + (kx % sx) * plane + kx // sx      # tap (c, ky, kx)'s run, at j
                     sa, sb = _tap(sa, sb, pf, w, fa, fb, c, ky, kx, a, width)
         _store12(acc, 0, M, j, sa)
         if width == 8:
             _store12(acc, 4, M, j, sb)
-
-
-@_jit
-def _forward_block(y, pf, acc, w, b, oy0, rows, sy, sx, lw, k, off, act, p):
-    """y[b, :, oy0:oy0+rows, :] (or its pool p) from the block's planes pf, any kernel size;
-    acc: scratch of FILTERS_PER_PASS·rows·lw values. Four filters per pass, one tap per pass, the
-    first pass assigning and the others adding; each pass written out as `_forward_block3`'s
-    (`_write_out`)."""
-    N, C, ks = w.shape[0], w.shape[1], w.shape[2]
-    R = rows + (ks - 1) // sy + 1
-    M = rows * lw
-    a0, a1, a2, a3 = _quarters(acc, M)
-    for f0 in range(0, N, FILTERS_PER_PASS):
-        f = _four(f0, N)
-        a0[:] = 0
-        a1[:] = 0
-        a2[:] = 0
-        a3[:] = 0
-        for c in range(C):
-            for ky in range(ks):
-                for kx in range(ks):
-                    s0 = _run(pf, c, ky, kx, sy, sx, R, lw, M)
-                    u0, v0 = w[f[0], c, ky, kx], w[f[1], c, ky, kx]
-                    p0, q0 = w[f[2], c, ky, kx], w[f[3], c, ky, kx]
-                    for j in range(M):
-                        a0[j] += u0 * s0[j]
-                        a1[j] += v0 * s0[j]
-                        a2[j] += p0 * s0[j]
-                        a3[j] += q0 * s0[j]
-        _write_out(y, acc, M, 0, f, b, oy0, rows, lw, k, off, act, p)
 
 
 @_jit
@@ -497,7 +478,7 @@ def _act_out(y, acc, M, q, f, b, oy0, rows, lw, k, off, act):
 @_jit
 def _forward_plan(y, w, sy, sx, rows):
     """(lw, nblk, planes size, scratch size) of `conv_forward`'s row blocks; the planes with STEP
-    values of slack after them, and the scratch in whole steps (`_forward_block3`)."""
+    values of slack after them, and the scratch in whole steps (`_forward_block`)."""
     OH, OW = y.shape[2], y.shape[3]
     C, k = w.shape[1], w.shape[2]
     lw = OW + (k - 1) // sx
@@ -517,35 +498,26 @@ def _planes(y, n):
 
 
 def _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind):
-    """Row block t (item t // nblk) of `conv_forward`: `_unit3`, or `_unit_any` for kernels other
-    than 3x3."""
+    """Row block t (item t // nblk) of `conv_forward`, through its epilogue when k is not empty
+    (`_act_out`); with a pooled output p, the block's 2x2 maxima go there instead, straight from
+    its accumulators (`_pool_out`)."""
 
 
 # Not inlined (one call per row block): an overload inlined is compiled twice, for its type and
-# again in its caller, and `_unit_any`'s inlined copies of `_forward_block` took seconds each.
+# again in its caller. An overload, so that `kind` reaches `_forward_block` as a literal.
 @overload(_forward_unit, prefer_literal=True, jit_options={"nogil": True, "fastmath": {"contract"}})
 def _forward_unit_of_kind(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind):
-    return _unit_any if _literal(kind) == GENERIC else _unit3
+    _literal(kind)
+    return _unit
 
 
-def _unit3(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind):
-    """Row block t (item t // nblk) of `conv_forward` of a 3x3 kernel, through its epilogue when k
-    is not empty (`_act_out`); with a pooled output p, the block's 2x2 maxima go there instead,
-    straight from its accumulators (`_pool_out`)."""
-    b = t // nblk
-    oy0 = (t % nblk) * rows
-    n = min(rows, y.shape[2] - oy0)
-    _fill(pf, x, b, oy0, n, sy, sx, pad, 3, lw)
-    _forward_block3(y, pf, acc, w, b, oy0, n, sy, sx, lw, k, off, act, p, kind)
-
-
-def _unit_any(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind):
-    """`_unit3` for any kernel size (`_forward_block`)."""
+def _unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind):
+    """`_forward_unit` of a literal `kind`."""
     b = t // nblk
     oy0 = (t % nblk) * rows
     n = min(rows, y.shape[2] - oy0)
     _fill(pf, x, b, oy0, n, sy, sx, pad, w.shape[2], lw)
-    _forward_block(y, pf, acc, w, b, oy0, n, sy, sx, lw, k, off, act, p)
+    _forward_block(y, pf, acc, w, b, oy0, n, sy, sx, lw, k, off, act, p, kind)
 
 
 def _literal(kind):
@@ -573,25 +545,29 @@ def _forward_units(y, x, w, sy, sx, pad, rows, k, off, act, p, lo, hi, kind):
         _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind)
 
 
-#: The kinds of forward, each compiled only when a layer of that kind runs (`_twins`): kernels
-#: other than 3x3 (`_forward_block`), and 3x3 ones at stride 1 over at most 4 channels (four
-#: filters per pass) or more (FILTERS_3X3), at stride 2, and at other strides. All compiled in
-#: one function, a cold start spent 7 s on the four microkernels whatever the network used.
+#: The kinds of forward, each compiled only when a layer of that kind runs (`twins`): 3x3 kernels
+#: at stride 1 over at most 4 channels (four filters per pass) or more (FILTERS_3X3), at stride 2,
+#: and at other strides (four filters); other kernel sizes k at an equal stride s below SIZED as
+#: kind SIZED·(k + 1) + s, both constants of its microkernel, and GENERIC for the rest, its taps'
+#: offsets computed in the loop. All compiled in one function, a cold start spent 7 s on the four
+#: 3x3 microkernels whatever the network used.
 GENERIC, S1_FEW, S1, S2, STRIDED = range(5)
+SIZED = 8
 
 
 def kind_of(c: int, k: int, sy: int, sx: int) -> int:
     """The kind of forward of a k x k layer over c channels at stride (sy, sx)."""
     if k != 3:
-        return GENERIC
+        return SIZED * (k + 1) + sy if sy == sx < SIZED else GENERIC
     if sy == 1 and sx == 1:
         return S1 if c > 4 else S1_FEW
     return S2 if sy == 2 and sx == 2 else STRIDED
 
 
-def _twins(kind):
+@functools.cache
+def twins(kind):
     """The serial and the parallel forward of one kind (a constant of each: numba's cache keys
-    a closure on its cells' values)."""
+    a closure on its cells' values), made when a layer of that kind first runs."""
     @_serial
     def serial(y, x, w, sy, sx, pad, rows, k, off, act, p, threads):
         units = y.shape[0] * _forward_plan(y, w, sy, sx, rows)[1]
@@ -609,10 +585,6 @@ def _twins(kind):
                            (i + 1) * units // parts, kind)
 
     return serial, parallel
-
-
-#: (serial, parallel) forward of each kind.
-TWINS = tuple(_twins(kind) for kind in (GENERIC, S1_FEW, S1, S2, STRIDED))
 
 
 _NO_AFFINE = np.empty(0)
@@ -637,6 +609,6 @@ def forward_call(y, x, w, sy, sx, pad, rows, k=_NO_AFFINE, off=_NO_AFFINE, act=0
     if pool is not None:
         rows = max(2, rows - rows % 2)
     serial = y.size < PARALLEL_MIN and y.size * w[0].size < PARALLEL_MIN * PARALLEL_MIN_TAPS
-    run = TWINS[kind_of(w.shape[1], w.shape[2], sy, sx)][0 if serial else 1]
+    run = twins(kind_of(w.shape[1], w.shape[2], sy, sx))[0 if serial else 1]
     return run, (y, x, w, sy, sx, pad, rows, k, off, act,
                  no_pool(y.dtype) if pool is None else pool), None

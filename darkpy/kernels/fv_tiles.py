@@ -15,7 +15,7 @@ FV = 2 * simd.LANES
 
 _jit = njit(cache=True, nogil=True, inline="always")
 #: The microkernel is compiled on its own and called, not inlined: inlined into a parallel caller
-#: `direct._forward_block3` ran 2x slower.
+#: `direct._forward_block` ran 2x slower.
 _serial = njit(cache=True, nogil=True)
 
 
