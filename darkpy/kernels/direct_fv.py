@@ -82,9 +82,17 @@ MAX_POSITIONS = 64
 #: process (2 threads, 2-core AVX-512 Xeon), the whole forward at batch 1: darknet19 0.98x the
 #: time, cifar level.
 CHUNK_BYTES = 1 << 18
-#: One tile of each chunk's pass prefetches the next chunk of weights (`_unit`): measured the same
-#: way, darknet19 0.97x the time, cifar level.
+#: Each chunk's pass prefetches the next chunk of weights (`_unit`): measured the same way,
+#: darknet19 0.97x the time, cifar level.
 PREFETCH = True
+#: ... spread over its first PREFETCH_TILES tiles (or all, if fewer), each prefetching the weights
+#: of every PREFETCH_TILES-th tap, instead of all in one tile, whose bursts of prefetches waited on
+#: memory (2 lines a tap, ~48 GB/s asked of one core's ~18). Within the forward at b1 (2 threads,
+#: 2-core AVX-512 Xeon, medians of 150 forwards, 2 rounds alternating with the one-tile form):
+#: darknet19's three 512 -> 1024 on 7x7 (18.9 MB of weights each, 7 tiles) 2.27-2.45 -> 2.08-2.12
+#: ms; spread over all 22 tiles of yolov3-tiny's 512 -> 1024 on 13x13 it lost (5.5-5.8 -> 5.7-6.6
+#: ms), over the first eight level (5.8-6.1 -> 4.7-5.9 ms, 3 rounds).
+PREFETCH_TILES = 8
 #: A forward with fewer than PARALLEL_MIN output values runs on several threads all the same from
 #: this many multiply-adds (about 10 µs of one core's work).
 PARALLEL_MIN_MACS = 1 << 21
@@ -359,7 +367,9 @@ def _unit(y, src, item, wt, toff, tidx, pos, t, groups, runs, k, off, act, add, 
     pooled = p.shape[0] > 0
     whole = chunks > 1 or pooled                           # every tile of the run kept
     out = np.empty(((p_hi - p_lo + pv - 1) // pv if whole else 1) * pv * FV, y.dtype)
-    pf_at = min(p_lo + pv, p_hi - 1) // pv * pv         # the second tile, or the only one
+    tiles = (p_hi - p_lo + pv - 1) // pv
+    ahead = min(kc, taps) * FV if prefetch else 0
+    spread = min(tiles, PREFETCH_TILES)
     tiled = k.shape[0] > 0 and epilogue_on_tiles(y.itemsize, act)
     # a pooled run's epilogue on its maxima where that gives the same bits (`_pool_run`)
     late = pooled and tiled and _pools_first(k, off, act, f0, nf)
@@ -367,8 +377,10 @@ def _unit(y, src, item, wt, toff, tidx, pos, t, groups, runs, k, off, act, add, 
         t0, t1 = ch * kc, min(taps, (ch + 1) * kc)
         for p0 in range(p_lo, p_hi, pv):
             tile = out[(p0 - p_lo) * FV:] if whole else out
-            # one tile prefetches the next chunk (after the last, the next unit's block)
-            pf = min(kc, taps) * FV if prefetch and p0 == pf_at else 0
+            # the first tiles prefetch the next chunk (after the last, the next unit's block),
+            # each every `spread`-th tap's weights (`PREFETCH_TILES`)
+            j = (p0 - p_lo) // pv
+            pf = (ahead if j < spread else 0, spread, j)
             run_tile(pv, tile, src, b * item, wt, w0, toff, tidx, t0, t1, ch > 0, pos, p0, pf)
             if ch < chunks - 1:
                 continue

@@ -34,7 +34,7 @@ from numba import prange
 from . import njit, simd
 from .direct_fv import (CHUNK_BYTES, _epilogue_tile, _padded, _pool_run, _pools_first, _unit_jit,
                         tile_positions)
-from .fv_tiles import FV, _jit, _serial, block_at, run_tile
+from .fv_tiles import FV, NO_PREFETCH, _jit, _serial, block_at, run_tile
 
 #: Take padded stride-1 layers in batches of at least MIN_ITEMS items (fewer: a small map's classes
 #: fill few microkernels; the padded path runs). False: never. Measured against the padded path,
@@ -156,7 +156,7 @@ def _run(yf, src, s0, d0, wt, taps, N, S, toff, tidx, t0, t1, pos, dst, lo, hi, 
     nf = min(FV, N - f0)
     w0 = block_at(f0, taps)
     for p0 in range(lo, hi, pv):
-        run_tile(pv, tile, src, s0, wt, w0, toff, tidx, t0, t1, False, pos, p0, 0)
+        run_tile(pv, tile, src, s0, wt, w0, toff, tidx, t0, t1, False, pos, p0, NO_PREFETCH)
         npos = min(pv, end - p0)
         if epilogue:
             _epilogue_tile(tile, npos, k, off, f0, act)

@@ -73,17 +73,20 @@ def _tile6(out, src, s0, wt, w0, toff, tidx, t0, t1, acc, pos, p0, pf):
     starts at wt[w0], over taps t0..t1−1, reading the item's (padded) planes at src[s0:]: tap t
     of position i is src[s0 + pos[p0+i] + toff[t]], its weights the block's tidx[t]-th (tidx[t] =
     t but where a path leaves taps out: kernels/direct_fv_border.py). Continuing a sum from out adds the taps in
-    the same order as one pass would: the bits do not depend on the K chunks. With `pf`, each tap
-    also prefetches as many weights from wt[pf] on (the next chunk, `_unit`)."""
+    the same order as one pass would: the bits do not depend on the K chunks. pf = (ahead, every,
+    due): with `ahead`, every `every`-th tap from the `due`-th on also prefetches its weights
+    `ahead` values on (the next chunk's, `direct_fv._unit`); ahead 0: none."""
     b0, b1, b2, b3 = s0 + pos[p0], s0 + pos[p0 + 1], s0 + pos[p0 + 2], s0 + pos[p0 + 3]
     b4, b5 = s0 + pos[p0 + 4], s0 + pos[p0 + 5]
     z = simd.zero(wt)
     a00, a01, a10, a11, a20, a21, a30, a31 = _start8(out, acc, z)
     a40, a41, a50, a51 = _start(out, 8, acc, z), _start(out, 9, acc, z), \
         _start(out, 10, acc, z), _start(out, 11, acc, z)
+    ahead, every, due = pf
     for t in range(t0, t1):
         o = simd.get(toff, t)       # (no sign test of t)
-        v0, v1 = _tap_weights(wt, w0, simd.get(tidx, t), pf)
+        v0, v1 = _tap_weights(wt, w0, simd.get(tidx, t), ahead if due == 0 else 0)
+        due = every - 1 if due == 0 else due - 1
         a00, a01 = fma2(a00, a01, simd.get(src, b0 + o), v0, v1)
         a10, a11 = fma2(a10, a11, simd.get(src, b1 + o), v0, v1)
         a20, a21 = fma2(a20, a21, simd.get(src, b2 + o), v0, v1)
@@ -107,9 +110,11 @@ def _tile8(out, src, s0, wt, w0, toff, tidx, t0, t1, acc, pos, p0, pf):
         _start(out, 10, acc, z), _start(out, 11, acc, z)
     a60, a61, a70, a71 = _start(out, 12, acc, z), _start(out, 13, acc, z), \
         _start(out, 14, acc, z), _start(out, 15, acc, z)
+    ahead, every, due = pf
     for t in range(t0, t1):
         o = simd.get(toff, t)       # (no sign test of t)
-        v0, v1 = _tap_weights(wt, w0, simd.get(tidx, t), pf)
+        v0, v1 = _tap_weights(wt, w0, simd.get(tidx, t), ahead if due == 0 else 0)
+        due = every - 1 if due == 0 else due - 1
         a00, a01 = fma2(a00, a01, simd.get(src, b0 + o), v0, v1)
         a10, a11 = fma2(a10, a11, simd.get(src, b1 + o), v0, v1)
         a20, a21 = fma2(a20, a21, simd.get(src, b2 + o), v0, v1)
@@ -131,14 +136,20 @@ def _tile4(out, src, s0, wt, w0, toff, tidx, t0, t1, acc, pos, p0, pf):
     b0, b1, b2, b3 = s0 + pos[p0], s0 + pos[p0 + 1], s0 + pos[p0 + 2], s0 + pos[p0 + 3]
     z = simd.zero(wt)
     a00, a01, a10, a11, a20, a21, a30, a31 = _start8(out, acc, z)
+    ahead, every, due = pf
     for t in range(t0, t1):
         o = simd.get(toff, t)       # (no sign test of t)
-        v0, v1 = _tap_weights(wt, w0, simd.get(tidx, t), pf)
+        v0, v1 = _tap_weights(wt, w0, simd.get(tidx, t), ahead if due == 0 else 0)
+        due = every - 1 if due == 0 else due - 1
         a00, a01 = fma2(a00, a01, simd.get(src, b0 + o), v0, v1)
         a10, a11 = fma2(a10, a11, simd.get(src, b1 + o), v0, v1)
         a20, a21 = fma2(a20, a21, simd.get(src, b2 + o), v0, v1)
         a30, a31 = fma2(a30, a31, simd.get(src, b3 + o), v0, v1)
     _store8(out, a00, a01, a10, a11, a20, a21, a30, a31)
+
+
+#: The microkernels' `pf` that prefetches nothing.
+NO_PREFETCH = (0, 1, 0)
 
 
 @_jit
