@@ -381,10 +381,13 @@ def _unit(y, src, item, wt, toff, tidx, pos, t, groups, runs, k, off, act, add, 
             # each every `spread`-th tap's weights (`PREFETCH_TILES`)
             j = (p0 - p_lo) // pv
             pf = (ahead if j < spread else 0, spread, j)
-            run_tile(pv, tile, src, b * item, wt, w0, toff, tidx, t0, t1, ch > 0, pos, p0, pf)
+            npos = min(pv, p_hi - p0)
+            # a last tile of up to 4 positions on the 4-position microkernel (7x7 and 13x13 maps
+            # leave one): the same sums, fewer computed
+            run_tile(pv if npos > 4 else 4, tile, src, b * item, wt, w0, toff, tidx, t0, t1,
+                     ch > 0, pos, p0, pf)
             if ch < chunks - 1:
                 continue
-            npos = min(pv, p_hi - p0)
             if tiled and not late:
                 _epilogue_tile(tile, npos, k, off, f0, act)
             if pooled:
