@@ -20,17 +20,30 @@ from .base import Layer, Shape, State, fmt_shape, register
 # -- kernels -------------------------------------------------------------------------------------
 @jit(inline="always")
 def _upsample_plane(out, x, bc, s, scale):
-    """Plane bc = b·C + c of `upsample_forward`."""
+    """Plane bc = b·C + c of `upsample_forward`: each input row's first output row, then copies
+    of it; at stride 2 (yolo necks) the pairs written out, a loop the compiler vectorises. Against
+    a loop over dx for every output row: shapes-tiny's 32 x 8x8 -> 16x16 at b1 alone (2-core
+    AVX-512 Xeon, min of 30 calls) 6.3 -> 3.0 µs."""
     _, C, H, W = x.shape
     b = bc // C
     c = bc % C
     for y in range(H):
-        for dy in range(s):
-            oy = y * s + dy
+        src = x[b, c, y]
+        row = out[b, c, y * s]
+        if s == 2:
             for i in range(W):
-                v = scale * x[b, c, y, i]
+                v = scale * src[i]
+                row[2 * i] = v
+                row[2 * i + 1] = v
+        else:
+            for i in range(W):
+                v = scale * src[i]
                 for dx in range(s):
-                    out[b, c, oy, i * s + dx] = v
+                    row[i * s + dx] = v
+        for dy in range(1, s):
+            dst = out[b, c, y * s + dy]
+            for j in range(W * s):
+                dst[j] = row[j]
 
 
 @pjit
