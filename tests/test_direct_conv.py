@@ -220,9 +220,8 @@ def test_layer_direct_gradcheck(kw):
 
 def test_direct_only_where_it_applies():
     """More than 4 channels (but for 3x3 stride-1 layers on large maps, or on small maps in a small
-    batch of a network that only infers, up to 32), more than 32 filters (128 for 3x3 kernels,
-    and for any kernel in a network that only infers),
-    groups and dilation keep im2col or Winograd."""
+    batch of a network that only infers, up to 32), more than 32 filters (128 for 3x3 kernels, and
+    for any kernel in a network that only infers), groups and dilation keep im2col or Winograd."""
     base = dict(batch=2, h=8, w=8, c=4, n=16, k=3, s=1, pad=1, bn=0)
     for kw, expected in ((dict(), True), (dict(c=3), True), (dict(c=5), False),
                          (dict(n=128), True), (dict(n=129), False), (dict(n=32, c=1), True),

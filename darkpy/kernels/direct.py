@@ -1,5 +1,6 @@
-"""Direct convolution for layers with few input channels (first layers: 1-4 channels; 3x3
-layers with up to 32 channels and 128 filters on large maps, or small maps in a small batch).
+"""Direct convolution for layers with few input channels (first layers: 1-4 channels, any kernel
+up to 7x7; 3x3 layers with up to 32 channels and 128 filters on large maps, or small maps in a
+small batch).
 
 A first layer's im2col matrix is thin (K = c·k·k = 9 or 27 rows) but as long as the image, so
 im2col + GEMM spends much of its time writing and re-reading that matrix, and BLAS runs a 16x27
@@ -12,12 +13,12 @@ K = 16, as far below it. These kernels work on blocks of output rows instead:
   reads ONE contiguous run of a plane, at offset `(ky//sy)·Lw + kx//sx` — whatever the stride and
   padding, with no bounds tests in the inner loops (positions with ox ≥ OW are computed and
   dropped: a few percent more work);
-- forward: per filter, the block's outputs are the sum over the taps of weight × run; four
-  filters at a time (eight for 3x3 kernels over more than 4 channels on AVX-512): for 3x3 kernels
-  STEP positions of the filters at a time in SIMD vectors (kernels/simd.py) that stay in registers
-  over all the taps, for other sizes one tap per pass over the whole run, a contiguous loop the
-  compiler vectorises; the sums are then copied out to the output rows, or, when a 2x2 maxpool is
-  fused, put through the inference epilogue and pooled where they are (`_pool_out`);
+- forward: per filter, the block's outputs are the sum over the taps of weight × run; eight
+  filters at a time on AVX-512 (four on AVX2, and for 3x3 kernels over at most 4 channels or at
+  strides other than 1 and 2), STEP positions of them at a time in SIMD vectors (kernels/simd.py)
+  that stay in registers over all the taps; the sums are then copied out to the output rows, or,
+  when a 2x2 maxpool is fused, put through the inference epilogue and pooled where they are
+  (`_pool_out`);
 - weight gradient: kernels/direct_wgrad.py, on the same blocks and planes.
 
 Like im2col these compute Darknet's cross-correlation.
@@ -55,18 +56,18 @@ _serial = njit(cache=True, nogil=True)
 MAX_FILTERS = 32
 #: ... and for 3x3 kernels, and any kernel in a network that will only infer. At 128 filters
 #: (cifar's first layer) GEMM was 1.4x faster before the forward had the register-blocked
-#: microkernel (`_pass3`); since: resnet50's first layer (7x7 stride 2, 3 -> 64 from 224x224, with
+#: microkernel (`_pass`); since: resnet50's first layer (7x7 stride 2, 3 -> 64 from 224x224, with
 #: its 2x2 maxpool) within its network's forward alone (2 threads, 2-core AVX-512 Xeon, min of 30
 #: calls) at b1 1.32 ms + the pool's 0.06 -> 0.75 ms, at b8 12.7 -> 5.9 ms (the same kernel with
-#: its taps' offsets computed in the loop: 0.99 and 8.9 ms, hence the SIZED kinds). For 3x3 kernels
-#: also in training. Measured on a 2-core Zen 3 (AVX2), each layer's forward
-#: alone, min over 6-10 rounds alternating in one process, against the path it took at 32:
-#: tiny.cfg's 16 -> 128 on 56x56 at b16 26.5 -> 19.9 ms (Winograd), at b1 1.01 -> 0.89 and 0.97 ->
-#: 0.95 ms; yolov3-tiny's 32 -> 64 on 104x104 at b1 4.3 -> 3.3 ms; darknet19's 32 -> 64 on 112x112
-#: at b1 4.3 -> 3.5 ms, b64 level (200 ms), training b16 forward 90 -> 85, backward 186 -> 163 ms;
+#: its taps' offsets computed in the loop: 0.99 and 8.9 ms, hence the SIZED kinds). For 3x3
+#: kernels also in training. Measured on a 2-core Zen 3 (AVX2), each layer's forward alone, min
+#: over 6-10 rounds alternating in one process, against the path it took at 32: tiny.cfg's 16 ->
+#: 128 on 56x56 at b16 26.5 -> 19.9 ms (Winograd), at b1 1.01 -> 0.89 and 0.97 -> 0.95 ms;
+#: yolov3-tiny's 32 -> 64 on 104x104 at b1 4.3 -> 3.3 ms; darknet19's 32 -> 64 on 112x112 at b1
+#: 4.3 -> 3.5 ms, b64 level (200 ms), training b16 forward 90 -> 85, backward 186 -> 163 ms;
 #: cifar's first layer (3 -> 128 on 28x28) at b64 7.3 -> 6.4 ms, b1 level, training b128 forward
-#: 20.6 -> 18.5 and backward 36 -> 34 ms; darknet.cfg's 32 -> 64 on 56x56 level (b1, b16). 32 -> 256
-#: on 28x28 measured level (tiny.cfg, b16), hence 128.
+#: 20.6 -> 18.5 and backward 36 -> 34 ms; darknet.cfg's 32 -> 64 on 56x56 level (b1, b16). 32 ->
+#: 256 on 28x28 measured level (tiny.cfg, b16), hence 128.
 MAX_FILTERS_3X3 = 128
 
 
@@ -103,12 +104,12 @@ SMALL_MAX_BATCH_POSITIONS = 64 * 64
 def supports(c: int, n: int, k: int, groups: int, dilation: int, stride: int = 1,
              positions: int = 0, batch: int = 1, inference_only: bool = False) -> bool:
     """Which layers these kernels handle: ungrouped, undilated, at most MAX_FILTERS_3X3 filters
-    (MAX_FILTERS for a kernel other than 3x3 that trains), and either at most 4 input channels with a kernel at most
-    7x7, or a 3x3 stride-1 kernel over at most MID_CHANNELS channels whose output maps have
-    `positions` (rows x columns) at least MID_MIN_POSITIONS, or, for a layer that will only infer,
-    at least SMALL_MIN_POSITIONS with at most SMALL_MAX_BATCH_POSITIONS in the `batch`; or, for a
-    layer that will only infer (MID_STRIDE_2), a 3x3 stride-2 kernel over at most MID_CHANNELS
-    channels with at least MID_MIN_POSITIONS outputs per map."""
+    (MAX_FILTERS for a kernel other than 3x3 that trains), and either at most 4 input channels
+    with a kernel at most 7x7, or a 3x3 stride-1 kernel over at most MID_CHANNELS channels whose
+    output maps have `positions` (rows x columns) at least MID_MIN_POSITIONS, or, for a layer that
+    will only infer, at least SMALL_MIN_POSITIONS with at most SMALL_MAX_BATCH_POSITIONS in the
+    `batch`; or, for a layer that will only infer (MID_STRIDE_2), a 3x3 stride-2 kernel over at
+    most MID_CHANNELS channels with at least MID_MIN_POSITIONS outputs per map."""
     most = MAX_FILTERS_3X3 if k == 3 or inference_only else MAX_FILTERS
     if groups != 1 or dilation != 1 or k > 7 or n > most:
         return False
@@ -208,10 +209,10 @@ def _run(pf, c, ky, kx, sy, sx, R, lw, M):
     return pf[a:a + M]
 
 
-#: Filters per pass of the forward's block loop: each tap's run is read once for this many
-#: accumulators. 4 measured 1.4-2.2x faster than 2 (single core, AVX-512: yolov3-tiny's first layer
-#: 2.9 -> 1.7 ms, shapes-tiny's at b8 0.63 -> 0.43 ms); 8 was no faster than 4. (`_forward_block`
-#: writes its four filters out: it holds 4 x 3 vectors, what AVX2's 16 registers leave room for.)
+#: Filters per pass of the weight gradient's block loop (`direct_wgrad`), one tap per pass over
+#: the block's run: each run is read once for this many filters. As the forward's loop of that
+#: form (before `_pass`), 4 measured 1.4-2.2x faster than 2 (single core, AVX-512: yolov3-tiny's
+#: first layer 2.9 -> 1.7 ms, shapes-tiny's at b8 0.63 -> 0.43 ms); 8 was no faster than 4.
 FILTERS_PER_PASS = 4
 
 
@@ -281,9 +282,10 @@ def _store12(acc, q, M, j, s):
 
 @_serial
 def _forward_block(y, pf, acc, w, b, oy0, rows, sy, sx, lw, k, off, act, p, kind):
-    """`_forward_block` for 3x3 kernels, register-blocked: pass after pass of `_sums3`, each
+    """y[b, :, oy0:oy0+rows, :] from the block's planes pf, register-blocked: pass after pass of
+    `_sums` (the filters of each pass: FILTERS_3X3, four for the kinds S1_FEW and STRIDED), each
     written out, or with a pooled output p, its rows' 2x2 maxima through the epilogue into p
-    (`_pool_out`). Compiled once per `kind` (a literal). The one caller of `_sums3`, each call with
+    (`_pool_out`). Compiled once per `kind` (a literal). The one caller of `_sums`, each call with
     an int64 first filter: a second call site, and a first filter counted from a literal 0 (typed
     Literal[int](0) at first, then int64), had compiled it four times (seconds each, of a cold
     start)."""
@@ -291,7 +293,7 @@ def _forward_block(y, pf, acc, w, b, oy0, rows, sy, sx, lw, k, off, act, p, kind
     M = _steps(rows * lw)
     width = 4 if kind == S1_FEW or kind == STRIDED else FILTERS_3X3
     for f0 in range(0, N, width):
-        _sums3(acc, pf, w, f0, rows, sy, sx, lw, kind)
+        _sums(acc, pf, w, f0, rows, sy, sx, lw, kind)
         for q in range(0, width, 4):
             _write_out(y, acc, M, q, _four(f0 + q, N), b, oy0, rows, lw, k, off, act, p)
 
@@ -310,36 +312,36 @@ def _write_out(y, acc, M, q, f, b, oy0, rows, lw, k, off, act, p):
         _copy_out(y, acc, M, q, f, b, oy0, rows, lw)
 
 
-def _sums3(acc, pf, w, f0, rows, sy, sx, lw, kind):
-    """One pass of `_pass3` (the filters from f0, as many as `kind` takes) into acc."""
+def _sums(acc, pf, w, f0, rows, sy, sx, lw, kind):
+    """One pass of `_pass` (the filters from f0, as many as `kind` takes) into acc."""
 
 
-@overload(_sums3, prefer_literal=True, jit_options={"nogil": True})
-def _sums3_of_kind(acc, pf, w, f0, rows, sy, sx, lw, kind):
-    """`_sums3` for one kind (a literal): only its microkernel is compiled. The strides of most
+@overload(_sums, prefer_literal=True, jit_options={"nogil": True})
+def _sums_of_kind(acc, pf, w, f0, rows, sy, sx, lw, kind):
+    """`_sums` for one kind (a literal): only its microkernel is compiled. The strides of most
     layers, and the filters per pass, are constants here: the taps' offsets fold at compile time
     (computed in the loop, they took registers the eight filters' accumulators need, which then
     spilled: tiny.cfg's 16 -> 128 at b64 1.7x the time). Compiled on its own: each inlined copy of
     the microkernels took seconds of a cold start."""
     kind = _literal(kind)
     if kind == S1:
-        return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass3(
+        return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass(
             acc, pf, w, f0, rows, 1, 1, lw, FILTERS_3X3, 3)
     if kind == S1_FEW:
-        return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass3(
+        return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass(
             acc, pf, w, f0, rows, 1, 1, lw, 4, 3)
     if kind == S2:
         return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass3_stride2(
             acc, pf, w, f0, rows, lw, FILTERS_3X3)
     if kind == STRIDED:
-        return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass3(
+        return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass(
             acc, pf, w, f0, rows, sy, sx, lw, 4, 3)
     if kind == GENERIC:
-        return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass3(
+        return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass(
             acc, pf, w, f0, rows, sy, sx, lw, FILTERS_3X3, w.shape[2])
     if kind >= SIZED:
         ks, st = divmod(kind - SIZED, SIZED)
-        return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass3(
+        return lambda acc, pf, w, f0, rows, sy, sx, lw, kind: _pass(
             acc, pf, w, f0, rows, st, st, lw, FILTERS_3X3, ks)
     return None
 
@@ -359,9 +361,9 @@ def _tap(sa, sb, pf, w, fa, fb, c, ky, kx, a, width):
 
 @_jit
 def _pass3_stride2(acc, pf, w, f0, rows, lw, width):
-    """`_pass3` at stride 2, its nine taps written out: each at a fixed offset from the channel's
+    """`_pass` at stride 2, its nine taps written out: each at a fixed offset from the channel's
     first plane (phase planes (qy, qx) one `plane` apart in the order (0,0), (0,1), (1,0), (1,1);
-    the kernel's third row and column one plane row and one value on). The loop form of `_pass3`
+    the kernel's third row and column one plane row and one value on). The loop form of `_pass`
     at eight filters computed the offsets in the loop and ran no faster than four filters; written
     out, eight filters (each tap's three loads shared by twice the FMAs) took yolov4-tiny's 32 -> 64
     from 208x208 at b1 alone (2 threads, 2-core AVX-512 Xeon, min of 9 alternating calls) 2.19 ->
@@ -393,7 +395,7 @@ def _pass3_stride2(acc, pf, w, f0, rows, lw, width):
 
 
 @_jit
-def _pass3(acc, pf, w, f0, rows, sy, sx, lw, width, ks):
+def _pass(acc, pf, w, f0, rows, sy, sx, lw, width, ks):
     """The sums of `width` (4 or 8) filters from f0 over the block, into `width` runs of
     `_steps(rows·lw)` values of acc (kernels/simd.py): for STEP positions the accumulators stay in
     vector registers over all C·ks·ks taps, each tap one load per vector and one broadcast per

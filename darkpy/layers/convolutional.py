@@ -86,8 +86,9 @@ FUSED_EPILOGUE = True
 #: slower in one run (539 against 497 + 16 µs) and level in another, for at most the pool's 16 µs.
 POOLED_MIN_POSITIONS = 16 * 16
 #: Direct convolution (kernels/direct.py) for layers with at most 4 input channels and 32 filters
-#: (128 for 3x3 kernels, and for any kernel in a network that only infers) and for 3x3 layers with at most 32 channels and 128 filters
-#: on large maps, or on small ones in a small batch (`dk.supports`): no im2col matrix, in the
+#: (128 for 3x3 kernels, and for any kernel in a network that only infers) and for 3x3 layers
+#: with at most 32 channels and 128 filters on large maps, or on small ones in a small batch
+#: (`dk.supports`): no im2col matrix, in the
 #: forward pass and the weight gradient (and the input gradient of stride-1 layers with
 #: DIRECT_INPUT_GRAD; others im2col's). It comes before Winograd. False: im2col + GEMM or Winograd.
 DIRECT = True
