@@ -382,10 +382,8 @@ def _unit(y, src, item, wt, toff, tidx, pos, t, groups, runs, k, off, act, add, 
             j = (p0 - p_lo) // pv
             pf = (ahead if j < spread else 0, spread, j)
             npos = min(pv, p_hi - p0)
-            # a last tile of up to 4 positions on the 4-position microkernel (7x7 and 13x13 maps
-            # leave one): the same sums, fewer computed
-            run_tile(pv if npos > 4 else 4, tile, src, b * item, wt, w0, toff, tidx, t0, t1,
-                     ch > 0, pos, p0, pf)
+            run_tile(pv, npos, tile, src, b * item, wt, w0, toff, tidx, t0, t1, ch > 0, pos, p0,
+                     pf)
             if ch < chunks - 1:
                 continue
             if tiled and not late:

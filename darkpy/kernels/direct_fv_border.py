@@ -156,8 +156,8 @@ def _run(yf, src, s0, d0, wt, taps, N, S, toff, tidx, t0, t1, pos, dst, lo, hi, 
     nf = min(FV, N - f0)
     w0 = block_at(f0, taps)
     for p0 in range(lo, hi, pv):
-        run_tile(pv, tile, src, s0, wt, w0, toff, tidx, t0, t1, False, pos, p0, NO_PREFETCH)
         npos = min(pv, end - p0)
+        run_tile(pv, npos, tile, src, s0, wt, w0, toff, tidx, t0, t1, False, pos, p0, NO_PREFETCH)
         if epilogue:
             _epilogue_tile(tile, npos, k, off, f0, act)
         for i in range(npos):
