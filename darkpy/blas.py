@@ -186,7 +186,7 @@ def _split_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, count: int, part
     if ma is None or mb is None:
         return False
     m, n, k = out.shape[-2], out.shape[-1], a.shape[-1]
-    _one_blas_thread(cblas.stacked_sgemm, out.ctypes.data, *ma, *mb, m, n, k, count, parts)
+    one_blas_thread(cblas.stacked_sgemm, out.ctypes.data, *ma, *mb, m, n, k, count, parts)
     return True
 
 
@@ -205,7 +205,7 @@ def _split(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> bool:
         return False
     (m, k), n = a.shape, b.shape[1]
     parts = max(1, min(numba.get_num_threads(), m * n * k // SPLIT_MIN_PART_MACS))
-    _one_blas_thread(cblas.split_sgemm, out, *opa, *opb, m, n, k, parts, m >= n)
+    one_blas_thread(cblas.split_sgemm, out, *opa, *opb, m, n, k, parts, m >= n)
     return True
 
 
@@ -215,9 +215,16 @@ def _splittable(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> bool:
             and a.dtype == b.dtype == out.dtype == np.float32 and cblas.load())
 
 
-def _one_blas_thread(kernel, *args) -> None:
-    """kernel(*args) with OpenBLAS on one thread (each of its calls is single-threaded), then the
-    run's count back, so GEMMs elsewhere are unaffected."""
+def sets_threads() -> bool:
+    """Whether `configure` has run and found how to set OpenBLAS's thread count (what
+    `one_blas_thread` needs)."""
+    return bool(_state["set"])
+
+
+def one_blas_thread(kernel, *args) -> None:
+    """kernel(*args) with OpenBLAS on one thread (each of its calls is single-threaded: a kernel
+    calling OpenBLAS from numba's threads), then the run's count back, so GEMMs elsewhere are
+    unaffected. Only where `sets_threads()`."""
     _set(1)
     try:
         kernel(*args)

@@ -59,7 +59,7 @@ def _bind() -> bool:
 
 
 @intrinsic
-def _sgemm(typingctx, ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
+def sgemm(typingctx, ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
     """c (row-major, ldc) := op(a) @ op(b), op = transposed when ta / tb is TRANS; a, b, c are
     addresses (int64), the rest int64."""
     sig = types.void(*([types.int64] * 11))
@@ -99,12 +99,12 @@ def split_sgemm(c, a, ta, lda, b, tb, ldb, m, n, k, parts, by_rows):
             lo = m * p // parts // 8 * 8
             hi = m if p == parts - 1 else m * (p + 1) // parts // 8 * 8
             at = pa + lo * (lda if ta == NO_TRANS else 1) * _F
-            _sgemm(ta, tb, hi - lo, n, k, at, lda, pb, ldb, pc + lo * n * _F, n)
+            sgemm(ta, tb, hi - lo, n, k, at, lda, pb, ldb, pc + lo * n * _F, n)
         else:
             lo = n * p // parts // 16 * 16
             hi = n if p == parts - 1 else n * (p + 1) // parts // 16 * 16
             at = pb + lo * (1 if tb == NO_TRANS else ldb) * _F
-            _sgemm(ta, tb, m, hi - lo, k, pa, lda, at, ldb, pc + lo * _F, n)
+            sgemm(ta, tb, m, hi - lo, k, pa, lda, at, ldb, pc + lo * _F, n)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -116,4 +116,4 @@ def stacked_sgemm(pc, pa, ta, lda, sa, pb, tb, ldb, sb, m, n, k, count, parts):
     keeps them alive."""
     for p in prange(parts):
         for i in range(count * p // parts, count * (p + 1) // parts):
-            _sgemm(ta, tb, m, n, k, pa + i * sa * _F, lda, pb + i * sb * _F, ldb, pc + i * m * n * _F, n)
+            sgemm(ta, tb, m, n, k, pa + i * sa * _F, lda, pb + i * sb * _F, ldb, pc + i * m * n * _F, n)

@@ -103,6 +103,9 @@ DIRECT_FV = True
 #: 1x1 layers of a network that will only infer take the fused 1x1 kernel (kernels/pointwise.py)
 #: where it pays (`pw.supports`), before every other path. False: never.
 POINTWISE = True
+#: ... and its OpenBLAS variant where `pw.supports_blas` (batches of large outputs), for layers
+#: of more filters than darkpy's own stacked GEMM takes.
+POINTWISE_BLAS = True
 
 #: Keys that switch on behaviour darkpy does not implement; a non-zero value is an error.
 UNSUPPORTED_KEYS = {
@@ -161,7 +164,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         self.winograd = False
         self.direct = False
         self.direct_fv = False
-        self.pointwise = False
+        self.pointwise = self.pointwise_blas = False
         self._kept_wt = None                        # direct_fv's filters_last layout, once made
         self._wt_flipped = np.zeros((0,), self.dtype)   # ... and its input gradient's
         self.wchunk = 1
@@ -278,27 +281,35 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         self.wgrad_tmp = np.zeros((0,), self.dtype)
         ic.reserve(self.chunk * (rows + ng) * cols, self.dtype)
         self._kept_wt = None
-        self.pointwise = POINTWISE and pw.supports(
-            self.in_shape[0], self.n, self.size, max(self.stride_x, self.stride_y), self.padding,
-            self.groups, self.dilation, cols, batch, self.inference_only, self.dtype)
+        geometry = (self.in_shape[0], self.n, self.size, max(self.stride_x, self.stride_y),
+                    self.padding, self.groups, self.dilation, cols, batch, self.inference_only,
+                    self.dtype)
+        self.pointwise = POINTWISE and pw.supports(*geometry)
         self.direct_fv = (not self.pointwise and DIRECT_FV
                           and self._fv_applies(self.inference_only, batch))
         self.direct = (not (self.pointwise or self.direct_fv)
                        and self._direct_applies(batch, self.inference_only))
         self.winograd = (not (self.direct or self.direct_fv or self.pointwise)
                          and self._use_winograd(batch))
+        # the fused 1x1 kernel's OpenBLAS variant; layers of up to OWN_STACK_MAX_ROWS filters keep
+        # darkpy's own stacked GEMM, faster on them (darkpy/blas.py)
+        self.pointwise_blas = (POINTWISE_BLAS and pw.supports_blas(*geometry)
+                               and self.n > blas.OWN_STACK_MAX_ROWS and blas.cblas.load()
+                               and not (self.pointwise or self.direct_fv or self.direct
+                                        or self.winograd))
         # a 1x1 layer on a 1x1 map (a classifier's last layer) is a connected layer: one GEMM of the
         # batch's rows, (B, c) @ Wᵀ, straight from the input into the output (instead of B GEMVs:
         # darknet.cfg's 1024 -> 1000 at b64 ran at 55 GFLOP/s)
         self.rows_gemm = (batch > 1 and self.is_gemm_only and cols == 1 and self.groups == 1
-                          and not (self.direct or self.direct_fv or self.pointwise))
+                          and not (self.direct or self.direct_fv or self.pointwise
+                                   or self.pointwise_blas))
         if self.rows_gemm:
             ic.reserve(batch * rows, self.dtype)        # backward's input gradient
         # the forward's GEMM path in one stacked GEMM over the whole batch (what `_chunks` yields
         # then, without its generator and slicing: digits' forward at batch 1 0.95x the time in one
         # in-process A/B, no difference measurable on larger networks)
         self.one_gemm = (not (self.direct or self.direct_fv or self.winograd or self.rows_gemm
-                              or self.wide or self.pointwise)
+                              or self.wide or self.pointwise or self.pointwise_blas)
                          and self.groups == 1 and self.chunk >= batch)
         self._kept_u = None
         self.pool_into = self.average_into = self.means_into = self.means_by = None
@@ -309,12 +320,19 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         self._kept_call = None
         self._trained = False
 
+    def _on_pointwise_blas(self) -> bool:
+        """Whether the forward takes the fused 1x1 kernel's OpenBLAS variant: the layer's path, and
+        darkpy.blas can keep OpenBLAS on one thread for it (the run configured it), else the GEMM
+        path."""
+        return self.pointwise_blas and blas.sets_threads()
+
     def _epilogue(self, train: bool) -> tuple:
         """`inference_epilogue` for a kernel that writes the output (Winograd's output transform,
         the direct convolutions), or () for the separate pass. While the weights are fixed
         (`inference_only`) made at the first call after `allocate` or `weights_changed` and kept
         (digits' forward at b1 spent ~2.5 µs a layer making it)."""
-        self._fused = ((self.winograd or self.direct or self.direct_fv or self.pointwise)
+        self._fused = ((self.winograd or self.direct or self.direct_fv or self.pointwise
+                        or self._on_pointwise_blas())
                        and not train and FUSED_EPILOGUE)
         return self._inference_epilogue() if self._fused else ()
 
@@ -462,6 +480,10 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
             pw.conv_forward(y.reshape(self.batch, self.n, -1),
                             x.reshape(self.batch, self.in_shape[0], -1),
                             self.weights.value.reshape(self.n, -1), *self._epilogue(s.train))
+        elif self._on_pointwise_blas():
+            blas.one_blas_thread(pw.blas_forward, y.reshape(self.batch, self.n, -1),
+                                 x.reshape(self.batch, self.in_shape[0], -1),
+                                 self.weights.value.reshape(self.n, -1), *self._epilogue(s.train))
         else:
             self._forward_gemm(x, y.reshape(self.batch, self.n, -1))
         if s.train:
