@@ -31,6 +31,7 @@ import numba
 import numpy as np
 
 from .kernels import PARALLEL_MIN, cblas, gemm
+from .kernels import pointwise as pw
 from .kernels import im2col as ic
 
 #: Multiply-adds (m·n·k) from which a GEMM runs on the run's BLAS threads instead of one. On a busy
@@ -256,10 +257,31 @@ def _own_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray | None, macs: int) 
             or not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous)):
         return False
     count = out.size // (m * n)
-    runs = max(1, -(-4 * numba.get_num_threads() // count))     # ≥ 4 units per thread
-    cols = max(gemm.CV, -(-n // runs // gemm.CV) * gemm.CV)
-    gemm.stacked(out.reshape(count, m, n), a, b.reshape(count, k, n), cols, OWN_STACK_KB)
+    gemm.stacked(out.reshape(count, m, n), a, b.reshape(count, k, n), _stack_cols(count, n),
+                 OWN_STACK_KB, gemm.NO_AFFINE, gemm.NO_AFFINE, 0)
     return True
+
+
+def _stack_cols(count: int, n: int) -> int:
+    """Columns per unit of `gemm.stacked` over `count` matrices of n columns: at least 4 units per
+    thread (runs of columns for a small batch)."""
+    runs = max(1, -(-4 * numba.get_num_threads() // count))
+    return max(gemm.CV, -(-n // runs // gemm.CV) * gemm.CV)
+
+
+def pointwise(y: np.ndarray, x: np.ndarray, w: np.ndarray, k: np.ndarray = gemm.NO_AFFINE,
+              off: np.ndarray = gemm.NO_AFFINE, act: int = 0) -> None:
+    """y (B, N, P) := act(w (N, C) @ x[b] (C, P) · k + off) for each item b, float32, C-contiguous:
+    a 1x1 convolution's inference forward over a batch of large outputs with its epilogue fused
+    (kernels/pointwise.py: `blas_forward`, OpenBLAS on one thread per call from numba's threads),
+    or, up to OWN_STACK_MAX_ROWS filters where it fits, on darkpy's own stacked GEMM (as `matmul`
+    would run the product), the epilogue applied to each of its units. Only where
+    `sets_threads()`."""
+    B, N, P = y.shape
+    if OWN_GEMM and N <= OWN_STACK_MAX_ROWS and gemm.fits_stacked(N, P):
+        gemm.stacked(y, w, x, _stack_cols(B, P), OWN_STACK_KB, k, off, act)
+    else:
+        one_blas_thread(pw.blas_forward, y, x, w, k, off, act)
 
 
 #: `product` takes darkpy's own GEMM where it fits (False: BLAS for every product, to compare).

@@ -23,6 +23,7 @@ import numpy as np
 from numba import prange
 
 from . import jit, pjit
+from .bn import affine_act_row
 from .microgemm import CV, rows8x1, rows8x2
 from .simd import LANES
 
@@ -113,13 +114,15 @@ _NO_BIAS = np.empty(0, np.float32)
 
 
 @pjit
-def stacked(c, a, b, cols, kb):
+def stacked(c, a, b, cols, kb, k_aff, off, act):
     """c[i] (M, N) = a (M, K) @ b[i] (K, N) for each matrix i of the stacks c and b (C-contiguous,
     3-D): a convolution's weights against each item's columns. Parallel over (matrix, run of
     `cols` columns, a multiple of CV) units, each summing over k in order, kb at a time: the same
     bits at any thread count. M ≥ 8, N % LANES == 0; when M is not a multiple of 8, the last
     block of 8 rows starts at M − 8 (its first rows computed twice, the same values) and k is summed
-    in one pass (a second pass would add those rows twice)."""
+    in one pass (a second pass would add those rows twice). With k_aff, off (M,) float64 not empty,
+    each unit's rows then go through act(·k_aff + off) (the inference epilogue) while they are in
+    the cache."""
     count, m, n = c.shape
     k = a.shape[1]
     kb = kb if m % 8 == 0 else k
@@ -128,16 +131,23 @@ def stacked(c, a, b, cols, kb):
     for u in prange(count * runs):
         i = u // runs
         v0 = (u % runs) * cols
+        v1 = min(v0 + cols, n)
         ci, bi = c[i].reshape(-1), b[i].reshape(-1)
         for k0 in range(0, k, kb):
             k1 = min(k0 + kb, k)
-            for v in range(v0, min(v0 + cols, n), CV):
+            for v in range(v0, v1, CV):
                 for r8 in range(0, m, 8):
                     r = min(r8, m - 8)
                     if n - v >= CV:
                         rows8x2(ci, r * n + v, n, a1, r * k, k, bi, v, n, k0, k1, k0 > 0)
                     else:
                         rows8x1(ci, r * n + v, n, a1, r * k, k, bi, v, n, k0, k1, k0 > 0)
+        if k_aff.shape[0]:
+            for r in range(m):
+                affine_act_row(c[i, r, v0:v1], k_aff[r], off[r], act)
+
+
+NO_AFFINE = np.empty(0)
 
 
 def product(c: np.ndarray, a: np.ndarray, b: np.ndarray, add: bool = False,

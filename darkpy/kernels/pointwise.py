@@ -23,19 +23,23 @@ batch of large maps, whose inputs come from memory (tiny.cfg's 128 -> 32 on 28x2
 Each output is summed over the channels in order (OpenBLAS sums in its own order); the epilogue is
 `affine_act_row`, as in the separate pass: an output differs from the GEMM path's only by rounding.
 
-Its OpenBLAS variant (`blas_forward`, where `supports_blas`) is for a batch whose output is past
-the caches. The GEMM path's per-item products run at OpenBLAS's rate there, but its separate pass
-then reads every output back from memory and writes it again. Here a unit (`blas_units`) is an
-item's run of positions small enough that its input and output blocks stay in the L2 cache; each
-of numba's threads takes whole units, computes one by a single-threaded sgemm call and applies the
-epilogue to its rows at once. Each layer within its network's forward at b64 (2 threads, 2-core
-AVX-512 Xeon, median of 30 forwards of the layer, one process per path), against the GEMM path:
-resnet50's 64 -> 256 on 56x56 40.9 ms against 48.0, its 64 -> 64 13.3 against 14.0,
-yolov4-tiny's 64 -> 64 on 104x104 48.3 against 56.5, darknet19's 128 -> 64 on 56x56 24.5 against
-27.1, yolov3-tiny's 1024 -> 256 on 13x13 18.9 against 24.2. At b1 (outputs of up to 3.2 MB, below
-BLAS_MIN_BYTES) resnet50's whole forward took 1.03-1.14x the time on it: the split by filters
-there is slower than OpenBLAS's own threads, and the separate pass is cheap on an output still in
-the caches.
+A batch whose output is past the caches (`supports_large`) takes `blas_forward` instead, or,
+for up to 32 filters, darkpy's own stacked GEMM with the same epilogue per unit (darkpy/blas.py,
+`pointwise`, picks). The GEMM path's per-item products run at their GEMM's rate there, but its
+separate pass then reads every output back from memory and writes it again. In `blas_forward` a
+unit (`blas_units`) is an item's run of positions small enough that its input and output blocks
+stay in the L2 cache; each of numba's threads takes whole units, computes one by a
+single-threaded OpenBLAS sgemm call and applies the epilogue to its rows at once. Each layer
+within its network's forward at b64 (2 threads, 2-core AVX-512 Xeon, median of 30 forwards of the
+layer, one process per path), against the GEMM path: resnet50's 64 -> 256 on 56x56 40.9 ms
+against 48.0, its 64 -> 64 13.3 against 14.0, yolov4-tiny's 64 -> 64 on 104x104 48.3 against
+56.5, darknet19's 128 -> 64 on 56x56 24.5 against 27.1, yolov3-tiny's 1024 -> 256 on 13x13 18.9
+against 24.2; on the own stacked GEMM, tiny.cfg's 32 -> 16 on 56x56 1.12 against 1.35 ms, its
+128 -> 16 4.4-4.8 against 4.8-5.6 (three runs each). The whole forwards, alternating in one
+process, measured level (within the VM's 5 %). At b1 (outputs of up to 3.2 MB, below
+LARGE_MIN_BYTES) resnet50's whole forward took 1.03-1.14x the time with `blas_forward` on its 1x1
+layers: the split by filters there is slower than OpenBLAS's own threads, and the separate pass
+is cheap on an output still in the caches.
 """
 from __future__ import annotations
 
@@ -182,10 +186,10 @@ def conv_forward(y, x, w, k=_NO_AFFINE, off=_NO_AFFINE, act=0):
 
 
 
-#: The OpenBLAS variant (`blas_forward`) takes a layer whose batch's output is at least this large:
-#: past the two cores' L2 caches (4 MB), where the GEMM path's separate epilogue pass reads the
-#: output back from memory.
-BLAS_MIN_BYTES = 8 << 20
+#: A layer whose batch's output is at least this large takes `blas_forward` or the own stacked GEMM
+#: with the epilogue (`supports_large`): past the two cores' L2 caches (4 MB), where the GEMM
+#: path's separate epilogue pass reads the output back from memory.
+LARGE_MIN_BYTES = 8 << 20
 #: Floats of one unit's input and output blocks (C x cols and N x cols): they stay in the L2 cache
 #: from the unit's GEMM to its epilogue.
 BLAS_UNIT_FLOATS = 1 << 18
@@ -196,14 +200,14 @@ BLAS_MIN_UNITS = 8
 _F = 4
 
 
-def supports_blas(c: int, n: int, k: int, stride: int, pad: int, groups: int, dilation: int,
+def supports_large(c: int, n: int, k: int, stride: int, pad: int, groups: int, dilation: int,
                   positions: int, batch: int, inference_only: bool, dtype) -> bool:
-    """Layers the OpenBLAS variant takes: 1x1, stride 1, unpadded, ungrouped, float32, in a network
+    """Layers `blas.pointwise` takes: 1x1, stride 1, unpadded, ungrouped, float32, in a network
     that will only infer, on maps of more than one position, with a batch's output of at least
-    BLAS_MIN_BYTES."""
+    LARGE_MIN_BYTES."""
     return (inference_only and k == 1 and stride == 1 and pad == 0 and groups == 1
             and dilation == 1 and np.dtype(dtype) == np.float32 and positions > 1
-            and batch * n * positions * 4 >= BLAS_MIN_BYTES)
+            and batch * n * positions * 4 >= LARGE_MIN_BYTES)
 
 
 def blas_units(B: int, N: int, C: int, P: int) -> tuple[int, int]:

@@ -103,9 +103,9 @@ DIRECT_FV = True
 #: 1x1 layers of a network that will only infer take the fused 1x1 kernel (kernels/pointwise.py)
 #: where it pays (`pw.supports`), before every other path. False: never.
 POINTWISE = True
-#: ... and its OpenBLAS variant where `pw.supports_blas` (batches of large outputs), for layers
-#: of more filters than darkpy's own stacked GEMM takes.
-POINTWISE_BLAS = True
+#: ... and batches of large outputs (`pw.supports_large`) the GEMM with the epilogue fused
+#: (`blas.pointwise`). False: the GEMM path and its separate pass.
+POINTWISE_LARGE = True
 
 #: Keys that switch on behaviour darkpy does not implement; a non-zero value is an error.
 UNSUPPORTED_KEYS = {
@@ -164,7 +164,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         self.winograd = False
         self.direct = False
         self.direct_fv = False
-        self.pointwise = self.pointwise_blas = False
+        self.pointwise = self.pointwise_large = False
         self._kept_wt = None                        # direct_fv's filters_last layout, once made
         self._wt_flipped = np.zeros((0,), self.dtype)   # ... and its input gradient's
         self.wchunk = 1
@@ -291,25 +291,23 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
                        and self._direct_applies(batch, self.inference_only))
         self.winograd = (not (self.direct or self.direct_fv or self.pointwise)
                          and self._use_winograd(batch))
-        # the fused 1x1 kernel's OpenBLAS variant; layers of up to OWN_STACK_MAX_ROWS filters keep
-        # darkpy's own stacked GEMM, faster on them (darkpy/blas.py)
-        self.pointwise_blas = (POINTWISE_BLAS and pw.supports_blas(*geometry)
-                               and self.n > blas.OWN_STACK_MAX_ROWS and blas.cblas.load()
-                               and not (self.pointwise or self.direct_fv or self.direct
-                                        or self.winograd))
+        self.pointwise_large = (POINTWISE_LARGE and pw.supports_large(*geometry)
+                                and blas.cblas.load()
+                                and not (self.pointwise or self.direct_fv or self.direct
+                                         or self.winograd))
         # a 1x1 layer on a 1x1 map (a classifier's last layer) is a connected layer: one GEMM of the
         # batch's rows, (B, c) @ Wᵀ, straight from the input into the output (instead of B GEMVs:
         # darknet.cfg's 1024 -> 1000 at b64 ran at 55 GFLOP/s)
         self.rows_gemm = (batch > 1 and self.is_gemm_only and cols == 1 and self.groups == 1
                           and not (self.direct or self.direct_fv or self.pointwise
-                                   or self.pointwise_blas))
+                                   or self.pointwise_large))
         if self.rows_gemm:
             ic.reserve(batch * rows, self.dtype)        # backward's input gradient
         # the forward's GEMM path in one stacked GEMM over the whole batch (what `_chunks` yields
         # then, without its generator and slicing: digits' forward at batch 1 0.95x the time in one
         # in-process A/B, no difference measurable on larger networks)
         self.one_gemm = (not (self.direct or self.direct_fv or self.winograd or self.rows_gemm
-                              or self.wide or self.pointwise or self.pointwise_blas)
+                              or self.wide or self.pointwise or self.pointwise_large)
                          and self.groups == 1 and self.chunk >= batch)
         self._kept_u = None
         self.pool_into = self.average_into = self.means_into = self.means_by = None
@@ -320,11 +318,10 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         self._kept_call = None
         self._trained = False
 
-    def _on_pointwise_blas(self) -> bool:
-        """Whether the forward takes the fused 1x1 kernel's OpenBLAS variant: the layer's path, and
-        darkpy.blas can keep OpenBLAS on one thread for it (the run configured it), else the GEMM
-        path."""
-        return self.pointwise_blas and blas.sets_threads()
+    def _on_pointwise_large(self) -> bool:
+        """Whether the forward takes `blas.pointwise`: the layer's path, and darkpy.blas can keep
+        OpenBLAS on one thread for it (the run configured it), else the GEMM path."""
+        return self.pointwise_large and blas.sets_threads()
 
     def _epilogue(self, train: bool) -> tuple:
         """`inference_epilogue` for a kernel that writes the output (Winograd's output transform,
@@ -332,7 +329,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         (`inference_only`) made at the first call after `allocate` or `weights_changed` and kept
         (digits' forward at b1 spent ~2.5 µs a layer making it)."""
         self._fused = ((self.winograd or self.direct or self.direct_fv or self.pointwise
-                        or self._on_pointwise_blas())
+                        or self._on_pointwise_large())
                        and not train and FUSED_EPILOGUE)
         return self._inference_epilogue() if self._fused else ()
 
@@ -434,7 +431,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
     # -- compute --------------------------------------------------------------------------------
     def forward(self, s: State) -> None:
         """The layer's path (the direct convolution across filters, Winograd, the direct one,
-        pointwise, else GEMMs: `_forward_gemm`) into the output, with the epilogue where the path
+        pointwise, its large-batch GEMM, else GEMMs: `_forward_gemm`) into the output, with the epilogue where the path
         takes it (`_epilogue`), else the separate pass. Inferring with shared outputs, what
         `outputs_plan.fuse_pools` fused is written instead of the output: the average pool after
         it, its maps' means for the layer after, or the 2x2 maxpool after it. An inference forward
@@ -480,10 +477,9 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
             pw.conv_forward(y.reshape(self.batch, self.n, -1),
                             x.reshape(self.batch, self.in_shape[0], -1),
                             self.weights.value.reshape(self.n, -1), *self._epilogue(s.train))
-        elif self._on_pointwise_blas():
-            blas.one_blas_thread(pw.blas_forward, y.reshape(self.batch, self.n, -1),
-                                 x.reshape(self.batch, self.in_shape[0], -1),
-                                 self.weights.value.reshape(self.n, -1), *self._epilogue(s.train))
+        elif self._on_pointwise_large():
+            blas.pointwise(y.reshape(self.batch, self.n, -1), x.reshape(self.batch, self.in_shape[0], -1),
+                           self.weights.value.reshape(self.n, -1), *self._epilogue(s.train))
         else:
             self._forward_gemm(x, y.reshape(self.batch, self.n, -1))
         if s.train:

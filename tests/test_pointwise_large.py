@@ -1,8 +1,9 @@
-"""The OpenBLAS variant of the fused 1x1 convolution of inference (kernels/pointwise.py,
-`blas_forward`): how it cuts the work into units, the kernel against a float64 product over units
-of every kind (runs of positions, blocks of filters, both, last runs and blocks shorter), its
-epilogue against the separate pass, which layers take it, and a network inferring on it against
-the same network on the GEMM path."""
+"""The fused 1x1 convolution of inference over batches of large outputs (darkpy/blas.py,
+`pointwise`): its OpenBLAS kernel (kernels/pointwise.py, `blas_forward`), how it cuts the work into
+units, the kernel against a float64 product over units of every kind (runs of positions, blocks of
+filters, both, last runs and blocks shorter), its epilogue against the separate pass, which layers
+take it, and a network inferring on it (both kernels) against the same network on the GEMM
+path."""
 from __future__ import annotations
 
 import numba
@@ -12,7 +13,7 @@ import pytest
 import darkpy.layers.convolutional as conv
 from darkpy import blas
 from darkpy.kernels import activations as A
-from darkpy.kernels import cblas
+from darkpy.kernels import cblas, gemm
 from darkpy.kernels import pointwise as pw
 from darkpy.kernels.bn import affine_act_row
 from darkpy.network import network_from_text
@@ -101,11 +102,11 @@ def test_epilogue_is_the_separate_pass(act, monkeypatch):
 def test_which_layers_take_it():
     ok = dict(c=64, n=64, k=1, stride=1, pad=0, groups=1, dilation=1, positions=3136, batch=64,
               inference_only=True, dtype=np.float32)
-    assert pw.supports_blas(**ok)
+    assert pw.supports_large(**ok)
     for change in ({"inference_only": False}, {"k": 3}, {"stride": 2}, {"pad": 1}, {"groups": 2},
                    {"dilation": 2}, {"dtype": np.float64}, {"positions": 1},
                    {"batch": 1}):                   # 800 KB of output: the separate pass is cheap
-        assert not pw.supports_blas(**{**ok, **change}), change
+        assert not pw.supports_large(**{**ok, **change}), change
 
 
 NET = """
@@ -137,11 +138,11 @@ activation=linear
 
 def test_network_on_the_path_gives_the_gemm_paths_outputs(monkeypatch):
     """Inferring with shared outputs (any output size allowed, the small-layer kernel off), the
-    1x1 layers of 48 and 40 filters take it and the last (24, darkpy's own stacked GEMM) does not;
+    1x1 layers take it: 48 and 40 filters on OpenBLAS, 24 on darkpy's own stacked GEMM;
     training forwards, a network without it and a run that cannot keep OpenBLAS on one thread
     take the GEMM path; the outputs agree within float32 rounding, before and after the weights
     change."""
-    monkeypatch.setattr(pw, "BLAS_MIN_BYTES", 0)
+    monkeypatch.setattr(pw, "LARGE_MIN_BYTES", 0)
     monkeypatch.setattr(conv, "POINTWISE", False)
     nets = [network_from_text(NET, batch=3) for _ in range(2)]
     rng = np.random.default_rng(5)
@@ -153,12 +154,21 @@ def test_network_on_the_path_gives_the_gemm_paths_outputs(monkeypatch):
             b.bn.rolling_variance[...] = a.bn.rolling_variance[...] = rng.random(a.n) + 0.5
     x = rng.random((3, 3, 20, 20), dtype=np.float32)
     nets[0].share_outputs()
-    assert [layer.pointwise_blas for layer in nets[0].layers] == [False, True, True, False]
-    monkeypatch.setattr(conv, "POINTWISE_BLAS", False)
+    assert [layer.pointwise_large for layer in nets[0].layers] == [False, True, True, True]
+    calls = []
+    for name in ("blas_forward",):
+        real = getattr(pw, name)
+        monkeypatch.setattr(pw, name, lambda *a, real=real: (calls.append(a[0].shape[1]), real(*a)))
+    real_stacked = gemm.stacked
+    monkeypatch.setattr(gemm, "stacked", lambda *a: (calls.append(a[0].shape[1]), real_stacked(*a)))
+    monkeypatch.setattr(conv, "POINTWISE_LARGE", False)
     nets[1].share_outputs()
-    assert not any(layer.pointwise_blas for layer in nets[1].layers)
+    assert not any(layer.pointwise_large for layer in nets[1].layers)
     for _ in range(2):
-        got, want = nets[0].predict(x), nets[1].predict(x)
+        calls.clear()
+        got = nets[0].predict(x)
+        assert calls == [48, 40, 24]
+        want = nets[1].predict(x)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         for net in nets:
             net.layers[1].weights.value[...] *= -1.5
@@ -166,4 +176,4 @@ def test_network_on_the_path_gives_the_gemm_paths_outputs(monkeypatch):
     monkeypatch.setitem(blas._state, "set", None)         # OpenBLAS's threads not settable
     np.testing.assert_allclose(nets[0].predict(x), nets[1].predict(x), rtol=1e-5, atol=1e-5)
     nets[0].unshare_outputs()
-    assert not any(layer.pointwise_blas for layer in nets[0].layers)
+    assert not any(layer.pointwise_large for layer in nets[0].layers)
