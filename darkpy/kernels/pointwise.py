@@ -185,7 +185,6 @@ def conv_forward(y, x, w, k=_NO_AFFINE, off=_NO_AFFINE, act=0):
     (_forward_serial if serial else _forward_parallel)(y, x, w, k, off, act, cols)
 
 
-
 #: A layer whose batch's output is at least this large takes `blas_forward` or the own stacked GEMM
 #: with the epilogue (`supports_large`): past the two cores' L2 caches (4 MB), where the GEMM
 #: path's separate epilogue pass reads the output back from memory.

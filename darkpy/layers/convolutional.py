@@ -431,12 +431,12 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
     # -- compute --------------------------------------------------------------------------------
     def forward(self, s: State) -> None:
         """The layer's path (the direct convolution across filters, Winograd, the direct one,
-        pointwise, its large-batch GEMM, else GEMMs: `_forward_gemm`) into the output, with the epilogue where the path
-        takes it (`_epilogue`), else the separate pass. Inferring with shared outputs, what
-        `outputs_plan.fuse_pools` fused is written instead of the output: the average pool after
-        it, its maps' means for the layer after, or the 2x2 maxpool after it. An inference forward
-        of the direct paths with the weights fixed makes its kernel call once and keeps it
-        (kernels/kernel_call.py)."""
+        pointwise or its large-batch GEMM, else GEMMs: `_forward_gemm`) into the output, with the
+        epilogue where the path takes it (`_epilogue`), else the separate pass. Inferring with
+        shared outputs, what `outputs_plan.fuse_pools` fused is written instead of the output: the
+        average pool after it, its maps' means for the layer after, or the 2x2 maxpool after it.
+        An inference forward of the direct paths with the weights fixed makes its kernel call once
+        and keeps it (kernels/kernel_call.py)."""
         if not s.train and self._kept_call is not None and self._kept_call.matches(self._made_from(s)):
             self._v_kept, self._fused, self._trained = False, True, False
             self._kept_call()
@@ -478,7 +478,8 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
                             x.reshape(self.batch, self.in_shape[0], -1),
                             self.weights.value.reshape(self.n, -1), *self._epilogue(s.train))
         elif self._on_pointwise_large():
-            blas.pointwise(y.reshape(self.batch, self.n, -1), x.reshape(self.batch, self.in_shape[0], -1),
+            blas.pointwise(y.reshape(self.batch, self.n, -1),
+                           x.reshape(self.batch, self.in_shape[0], -1),
                            self.weights.value.reshape(self.n, -1), *self._epilogue(s.train))
         else:
             self._forward_gemm(x, y.reshape(self.batch, self.n, -1))
