@@ -141,3 +141,40 @@ def short_shapes_tiny(path: Path, size: int, iterations: int, net: dict | None =
                 doc.set(f"{i}.{key}", str(value))
     doc.write(path)
     return path
+
+
+def assert_epilogue_is_the_separate_pass(forward, B: int, C: int, N: int, P: int, act: str,
+                                         seed: int = 3) -> None:
+    """forward(y, x, w[, k, off, code]) (a fused 1x1 kernel: y (B, N, P) from x (B, C, P) and w
+    (N, C)) with the inference epilogue gives the same bits as without it followed by
+    `affine_act_row` over each filter's plane."""
+    from darkpy.kernels import activations as A
+    from darkpy.kernels.bn import affine_act_row
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, C, P)).astype(np.float32)
+    w = rng.standard_normal((N, C)).astype(np.float32)
+    k, off = rng.random(N) + 0.5, rng.standard_normal(N)
+    code = A.kernel_code(A.code(act), np.float32)
+    y, want = np.empty((B, N, P), np.float32), np.empty((B, N, P), np.float32)
+    forward(y, x, w, k, off, code)
+    forward(want, x, w)
+    for b in range(B):
+        for f in range(N):
+            affine_act_row(want[b, f], k[f], off[f], code)
+    assert np.array_equal(y, want)
+
+
+def same_random_parameters(nets, seed: int) -> np.random.Generator:
+    """Give every network of `nets` (one cfg) the same random parameters and BN statistics (rolling
+    variances in [0.5, 1.5]); the generator, for the input."""
+    rng = np.random.default_rng(seed)
+    for layers in zip(*(net.layers for net in nets)):
+        for params in zip(*(layer.params for layer in layers)):
+            value = rng.standard_normal(params[0].value.shape) * 0.3
+            for p in params:
+                p.value[...] = value
+        if layers[0].bn is not None:
+            mean, var = rng.standard_normal(layers[0].n) * 0.1, rng.random(layers[0].n) + 0.5
+            for layer in layers:
+                layer.bn.rolling_mean[...], layer.bn.rolling_variance[...] = mean, var
+    return rng

@@ -13,6 +13,8 @@ from darkpy import blas
 from darkpy.kernels import gemm
 from darkpy.kernels.simd import LANES
 
+from helpers import assert_epilogue_is_the_separate_pass
+
 
 def _run(c, a, b, add, threads):
     saved = numba.get_num_threads()
@@ -116,23 +118,11 @@ def test_stacked_against_float64_and_the_same_bits_in_any_units(count, m, k, n, 
 @pytest.mark.parametrize("cols", [gemm.CV, 3 * gemm.CV])
 def test_stacked_epilogue_is_the_separate_pass(act, cols):
     """With k, off each unit's rows (runs of columns, 27 rows: a partial block of eight) go through
-    act(·k + off) after their last pass over k: the same bits as the product followed by
-    `affine_act_row` over each row."""
-    from darkpy.kernels import activations as A
-    from darkpy.kernels.bn import affine_act_row
-    rng = np.random.default_rng(11)
-    count, m, k, n = 3, 27, 70, 5 * LANES
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    b = rng.standard_normal((count, k, n)).astype(np.float32)
-    k_aff, off = rng.random(m) + 0.5, rng.standard_normal(m)
-    code = A.kernel_code(A.code(act), np.float32)
-    got, want = np.empty((count, m, n), np.float32), np.empty((count, m, n), np.float32)
-    gemm.stacked(got, a, b, cols, 32, k_aff, off, code)
-    gemm.stacked(want, a, b, cols, 32, gemm.NO_AFFINE, gemm.NO_AFFINE, 0)
-    for i in range(count):
-        for r in range(m):
-            affine_act_row(want[i, r], k_aff[r], off[r], code)
-    assert np.array_equal(got, want)
+    act(·k + off) after their last pass over k: the same bits as the product followed by the
+    separate pass."""
+    def forward(y, x, w, *epilogue):
+        gemm.stacked(y, w, x, cols, 32, *(epilogue or (gemm.NO_AFFINE, gemm.NO_AFFINE, 0)))
+    assert_epilogue_is_the_separate_pass(forward, 3, 70, 27, 5 * LANES, act, seed=11)
 
 
 def test_matmul_takes_the_stacked_gemm_for_few_filters(monkeypatch, blas_state):

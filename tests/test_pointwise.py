@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import darkpy.layers.convolutional as conv
-from darkpy.kernels import activations as A
 from darkpy.kernels import pointwise as pw
 from darkpy.kernels import simd
 from darkpy.network import network_from_text
+
+from helpers import assert_epilogue_is_the_separate_pass, same_random_parameters
 
 pytestmark = pytest.mark.skipif(simd.LANES != 16, reason="the kernel is for AVX-512 machines")
 
@@ -51,21 +52,8 @@ def test_kernel_matches_float64_product_on_both_branches(shape, cols):
 @pytest.mark.parametrize("act", ["linear", "leaky", "relu", "logistic", "mish"])
 def test_epilogue_is_the_separate_pass(act):
     """With k and off the product goes through act(·k + off) row by row: the same bits as the
-    product followed by `affine_act_row` over each filter's plane."""
-    from darkpy.kernels.bn import affine_act_row
-    B, C, N, P = 2, 24, 12, 100
-    x, w = _inputs(B, C, N, P, 7)
-    rng = np.random.default_rng(8)
-    k, off = rng.random(N) + 0.5, rng.standard_normal(N)
-    code = A.kernel_code(A.code(act), np.float32)
-    y = np.empty((B, N, P), np.float32)
-    pw.conv_forward(y, x, w, k, off, code)
-    want = np.empty_like(y)
-    pw.conv_forward(want, x, w)
-    for b in range(B):
-        for f in range(N):
-            affine_act_row(want[b, f], k[f], off[f], code)
-    assert np.array_equal(y, want)
+    product followed by the separate pass."""
+    assert_epilogue_is_the_separate_pass(pw.conv_forward, 2, 24, 12, 100, act, seed=8)
 
 
 def test_which_layers_take_it():
@@ -114,19 +102,7 @@ def test_network_on_the_path_gives_the_other_paths_outputs(size, batch, monkeypa
     outputs agree within float32 rounding, before and after the weights change."""
     text = NET.format(s=size)
     nets = [network_from_text(text, batch=batch) for _ in range(2)]
-    rng = np.random.default_rng(size)
-    for layer in nets[0].layers:
-        for p in layer.params:
-            p.value[...] = rng.standard_normal(p.value.shape) * 0.3
-        if layer.bn is not None:
-            layer.bn.rolling_mean[...] = rng.standard_normal(layer.n) * 0.1
-            layer.bn.rolling_variance[...] = rng.random(layer.n) + 0.5
-    for a, b in zip(nets[0].layers, nets[1].layers):
-        for p, q in zip(a.params, b.params):
-            q.value[...] = p.value
-        if a.bn is not None:
-            b.bn.rolling_mean[...] = a.bn.rolling_mean
-            b.bn.rolling_variance[...] = a.bn.rolling_variance
+    rng = same_random_parameters(nets, size)
     x = rng.random((batch, 3, size, size), dtype=np.float32)
     nets[0].share_outputs()
     assert [layer.pointwise for layer in nets[0].layers] == [False, True, True, False]

@@ -12,11 +12,11 @@ import pytest
 
 import darkpy.layers.convolutional as conv
 from darkpy import blas
-from darkpy.kernels import activations as A
 from darkpy.kernels import cblas, gemm
 from darkpy.kernels import pointwise as pw
-from darkpy.kernels.bn import affine_act_row
 from darkpy.network import network_from_text
+
+from helpers import assert_epilogue_is_the_separate_pass, same_random_parameters
 
 pytestmark = [pytest.mark.skipif(not cblas.load(), reason="needs numpy's OpenBLAS (ILP64 sgemm)"),
               pytest.mark.usefixtures("blas_state")]         # the tests configure darkpy.blas
@@ -81,22 +81,10 @@ def test_kernel_matches_float64_product(shape, monkeypatch):
 
 @pytest.mark.parametrize("act", ["linear", "leaky", "logistic", "mish"])
 def test_epilogue_is_the_separate_pass(act, monkeypatch):
-    """With k and off each unit's rows go through act(·k + off): the same bits as the product
-    followed by `affine_act_row` over each filter's plane."""
+    """With k and off each unit's rows (runs of positions) go through act(·k + off): the same bits
+    as the product followed by the separate pass."""
     monkeypatch.setattr(pw, "BLAS_UNIT_FLOATS", 1 << 12)
-    B, C, N, P = 2, 24, 40, 300
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((B, C, P)).astype(np.float32)
-    w = rng.standard_normal((N, C)).astype(np.float32)
-    k, off = rng.random(N) + 0.5, rng.standard_normal(N)
-    code = A.kernel_code(A.code(act), np.float32)
-    y, want = np.empty((B, N, P), np.float32), np.empty((B, N, P), np.float32)
-    _call(y, x, w, k, off, code)
-    _call(want, x, w)
-    for b in range(B):
-        for f in range(N):
-            affine_act_row(want[b, f], k[f], off[f], code)
-    assert np.array_equal(y, want)
+    assert_epilogue_is_the_separate_pass(_call, 2, 24, 40, 300, act)
 
 
 def test_which_layers_take_it():
@@ -146,13 +134,7 @@ def test_network_on_the_path_gives_the_gemm_paths_outputs(monkeypatch):
     monkeypatch.setattr(pw, "LARGE_MIN_BYTES", 0)
     monkeypatch.setattr(conv, "POINTWISE", False)
     nets = [network_from_text(NET, batch=3) for _ in range(2)]
-    rng = np.random.default_rng(5)
-    for a, b in zip(nets[0].layers, nets[1].layers):
-        for p, q in zip(a.params, b.params):
-            q.value[...] = p.value[...] = rng.standard_normal(p.value.shape) * 0.3
-        if a.bn is not None:
-            b.bn.rolling_mean[...] = a.bn.rolling_mean[...] = rng.standard_normal(a.n) * 0.1
-            b.bn.rolling_variance[...] = a.bn.rolling_variance[...] = rng.random(a.n) + 0.5
+    rng = same_random_parameters(nets, 5)
     x = rng.random((3, 3, 20, 20), dtype=np.float32)
     nets[0].share_outputs()
     assert [layer.pointwise_large for layer in nets[0].layers] == [False, True, True, True]
