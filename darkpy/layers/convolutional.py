@@ -285,30 +285,29 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
                     self.padding, self.groups, self.dilation, cols, batch, self.inference_only,
                     self.dtype)
         self.pointwise = POINTWISE and pw.supports(*geometry)
-        self.direct_fv = (not self.pointwise and DIRECT_FV
-                          and self._fv_applies(self.inference_only, batch))
-        self.direct = (not (self.pointwise or self.direct_fv)
-                       and self._direct_applies(batch, self.inference_only))
-        self.winograd = (not (self.direct or self.direct_fv or self.pointwise)
-                         and self._use_winograd(batch))
-        self.pointwise_large = (POINTWISE_LARGE and pw.supports_large(*geometry)
-                                and blas.cblas.load()
-                                and not (self.pointwise or self.direct_fv or self.direct
-                                         or self.winograd))
+        # the paths in order of preference, each only where none before it took the layer
+        taken = self.pointwise
+        self.direct_fv = not taken and DIRECT_FV and self._fv_applies(self.inference_only, batch)
+        taken = taken or self.direct_fv
+        self.direct = not taken and self._direct_applies(batch, self.inference_only)
+        taken = taken or self.direct
+        self.winograd = not taken and self._use_winograd(batch)
+        taken = taken or self.winograd
+        self.pointwise_large = (not taken and POINTWISE_LARGE and pw.supports_large(*geometry)
+                                and blas.cblas.load())
+        taken = taken or self.pointwise_large
         # a 1x1 layer on a 1x1 map (a classifier's last layer) is a connected layer: one GEMM of the
         # batch's rows, (B, c) @ Wᵀ, straight from the input into the output (instead of B GEMVs:
         # darknet.cfg's 1024 -> 1000 at b64 ran at 55 GFLOP/s)
-        self.rows_gemm = (batch > 1 and self.is_gemm_only and cols == 1 and self.groups == 1
-                          and not (self.direct or self.direct_fv or self.pointwise
-                                   or self.pointwise_large))
+        self.rows_gemm = (not taken and batch > 1 and self.is_gemm_only and cols == 1
+                          and self.groups == 1)
         if self.rows_gemm:
             ic.reserve(batch * rows, self.dtype)        # backward's input gradient
         # the forward's GEMM path in one stacked GEMM over the whole batch (what `_chunks` yields
         # then, without its generator and slicing: digits' forward at batch 1 0.95x the time in one
         # in-process A/B, no difference measurable on larger networks)
-        self.one_gemm = (not (self.direct or self.direct_fv or self.winograd or self.rows_gemm
-                              or self.wide or self.pointwise or self.pointwise_large)
-                         and self.groups == 1 and self.chunk >= batch)
+        self.one_gemm = (not (taken or self.rows_gemm or self.wide) and self.groups == 1
+                         and self.chunk >= batch)
         self._kept_u = None
         self.pool_into = self.average_into = self.means_into = self.means_by = None
         if self.winograd:
