@@ -43,7 +43,7 @@ def fits(head_size: int) -> bool:
 FULL, KEYS_BEFORE, QUERIES_AFTER, COLUMNS_BEFORE = 0, 1, 2, 3
 
 
-@jit(inline="always")
+@jit
 def _product(out, obase, ostr, lhs, lbase, lstr, rhs, rbase, rstr, rows, cols, kn, cut, lk=1):
     """out[obase + i·ostr + v] := Σ_k lhs[lbase + i·lstr + k·lk] · rhs[rbase + k·rstr + v] for rows
     i < `rows`, columns v < `cols` (whole CV pairs) and k < kn, less what `cut` leaves out (its

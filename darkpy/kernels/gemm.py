@@ -69,27 +69,36 @@ def matmul(c, a, b, packed, add, a_t, kb, bias):
     `pack_transposed` wrote (b flat); kb values of k per pass over a panel. Without `add`, a bias
     (N,) (empty: none) is where each row's sums start: c = bias + A @ B with no pass of its own.
     M % 8 == 0, N % LANES == 0 (`fits`)."""
+    m = a.shape[1] if a_t else a.shape[0]
+    for blk in prange((m + MB - 1) // MB):
+        _block(c, a, b, packed, add, a_t, kb, bias, blk)
+
+
+#: `matmul`'s work per block of rows, compiled on its own: numba's parallel passes over the
+#: inlined body were most of a cold compile (16.9 s of the kernel's first call).
+@jit
+def _block(c, a, b, packed, add, a_t, kb, bias, blk):
+    """Rows blk·MB .. of `matmul`'s C."""
     m, k = (a.shape[1], a.shape[0]) if a_t else (a.shape[0], a.shape[1])
     n = c.shape[1]
     a1, b1, c1 = a.reshape(-1), b.reshape(-1), c.reshape(-1)
-    for blk in prange((m + MB - 1) // MB):
-        m0 = blk * MB
-        m1 = min(m0 + MB, m)
-        for k0 in range(0, k, kb):
-            k1 = min(k0 + kb, k)
-            start = k0 == 0 and not add and bias.shape[0] > 0
-            acc = add or k0 > 0 or start
-            for v in range(0, n, CV):
-                base, step = (v * k, min(CV, n - v)) if packed else (v, n)
-                # A[i, kk] at a1[i·lstr + kk·lk]; a literal 1 where it is, so that that loop
-                # compiles as it would without the transposed case
-                if a_t:
-                    _rows(c1, a1, b1, m0, m1, n, v, 1, m, base, step, k0, k1, acc, start, bias)
-                else:
-                    _rows(c1, a1, b1, m0, m1, n, v, k, 1, base, step, k0, k1, acc, start, bias)
+    m0 = blk * MB
+    m1 = min(m0 + MB, m)
+    for k0 in range(0, k, kb):
+        k1 = min(k0 + kb, k)
+        start = k0 == 0 and not add and bias.shape[0] > 0
+        acc = add or k0 > 0 or start
+        for v in range(0, n, CV):
+            base, step = (v * k, min(CV, n - v)) if packed else (v, n)
+            # A[i, kk] at a1[i·lstr + kk·lk]; a literal 1 where it is, so that that loop
+            # compiles as it would without the transposed case
+            if a_t:
+                _rows(c1, a1, b1, m0, m1, n, v, 1, m, base, step, k0, k1, acc, start, bias)
+            else:
+                _rows(c1, a1, b1, m0, m1, n, v, k, 1, base, step, k0, k1, acc, start, bias)
 
 
-@jit(inline="always")
+@jit
 def _rows(c1, a1, b1, m0, m1, n, v, lstr, lk, base, step, k0, k1, acc, start, bias):
     """`matmul`'s rows m0..m1−1 of C at columns v.. (CV, or the last LANES) over k0..k1−1."""
     width = min(CV, n - v)
@@ -123,28 +132,36 @@ def stacked(c, a, b, cols, kb, k_aff, off, act):
     in one pass (a second pass would add those rows twice). With k_aff, off (M,) float64 not empty,
     each unit's rows then go through act(·k_aff + off) (the inference epilogue) while they are in
     the cache."""
-    count, m, n = c.shape
+    runs = (c.shape[2] + cols - 1) // cols
+    for u in prange(c.shape[0] * runs):
+        _stacked_unit(c, a, b, cols, kb, k_aff, off, act, u)
+
+
+@jit
+def _stacked_unit(c, a, b, cols, kb, k_aff, off, act, u):
+    """`stacked`'s unit u: matrix u // runs, its run u % runs of columns (compiled on its own, as
+    `_block`)."""
+    m, n = c.shape[1], c.shape[2]
     k = a.shape[1]
     kb = kb if m % 8 == 0 else k
     a1 = a.reshape(-1)
     runs = (n + cols - 1) // cols
-    for u in prange(count * runs):
-        i = u // runs
-        v0 = (u % runs) * cols
-        v1 = min(v0 + cols, n)
-        ci, bi = c[i].reshape(-1), b[i].reshape(-1)
-        for k0 in range(0, k, kb):
-            k1 = min(k0 + kb, k)
-            for v in range(v0, v1, CV):
-                for r8 in range(0, m, 8):
-                    r = min(r8, m - 8)
-                    if n - v >= CV:
-                        rows8x2(ci, r * n + v, n, a1, r * k, k, bi, v, n, k0, k1, k0 > 0)
-                    else:
-                        rows8x1(ci, r * n + v, n, a1, r * k, k, bi, v, n, k0, k1, k0 > 0)
-        if k_aff.shape[0]:
-            for r in range(m):
-                affine_act_row(c[i, r, v0:v1], k_aff[r], off[r], act)
+    i = u // runs
+    v0 = (u % runs) * cols
+    v1 = min(v0 + cols, n)
+    ci, bi = c[i].reshape(-1), b[i].reshape(-1)
+    for k0 in range(0, k, kb):
+        k1 = min(k0 + kb, k)
+        for v in range(v0, v1, CV):
+            for r8 in range(0, m, 8):
+                r = min(r8, m - 8)
+                if n - v >= CV:
+                    rows8x2(ci, r * n + v, n, a1, r * k, k, bi, v, n, k0, k1, k0 > 0)
+                else:
+                    rows8x1(ci, r * n + v, n, a1, r * k, k, bi, v, n, k0, k1, k0 > 0)
+    if k_aff.shape[0]:
+        for r in range(m):
+            affine_act_row(c[i, r, v0:v1], k_aff[r], off[r], act)
 
 
 NO_AFFINE = np.empty(0)

@@ -145,9 +145,12 @@ def epilogue_pool_flat(p, p0, pw, h, x, lw, k, off, act):
         pool_rows(p, p0, pw, h, x, lw)
 
 
-@jit(inline="always")
+@jit
 def epilogue_pool_rows(p, x, k, off, act):
-    """`epilogue_pool_flat` of 2-D planes: p (h, w) from x (2h, 2w+), both C-contiguous."""
+    """`epilogue_pool_flat` of 2-D planes: p (h, w) from x (2h, 2w+), both C-contiguous. Called
+    once per plane or band (Winograd's paths), so compiled on its own: inlined, it was a large
+    part of their kernels' cold compile (a call costs nothing next to a plane; the direct path,
+    which pools a few rows at a time, inlines `epilogue_pool_flat` itself)."""
     epilogue_pool_flat(simd.flat(p), 0, p.shape[1], p.shape[0], simd.flat(x), x.shape[1], k, off,
                        act)
 

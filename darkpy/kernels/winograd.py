@@ -203,7 +203,7 @@ def _output_plane(yf, m, f, t, add):
             t += 1
 
 
-@jit(inline="always")
+@jit
 def _output_units(y, m, g, add, k, off, act, p):
     """Planes fb = f·nb + b in group g (POOL_GROUP planes) of `outputs`, each then act(plane·k[f] +
     off[f]) in place when k is not empty; with a pooled output p, each plane goes to one scratch

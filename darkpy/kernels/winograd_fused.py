@@ -63,7 +63,7 @@ def band_rows(tiles_w: int, tiles_h: int, c: int, n: int) -> int:
     return max(1, min(tiles_h, tiles // max(tiles_w, 1)))
 
 
-@jit(inline="always")
+@jit
 def _band_inputs(v, x, b, pad, r0, r1, tw, cs, t0, ntp, sp):
     """v (16 rows) := V of tile rows r0..r1−1 of item b: V[ξ][ch, t] at v[ξ, ch·cs + t0 + t],
     t = (ty − r0)·tw + tx; with ntp > 0 the columns t of the band's tiles .. ntp − 1 are set to 0.
@@ -94,7 +94,7 @@ def _band_inputs(v, x, b, pad, r0, r1, tw, cs, t0, ntp, sp):
                 v[xi, t] = 0
 
 
-@jit(inline="always")
+@jit
 def _band_products(m, u, ustr, v, vb0, vrs, vcs, f0, nf, c, ntp):
     """M[ξ] (nf, ntp) = U[ξ] (filters f0..f0+nf−1, c) @ V[ξ] (c, ntp) for the 16 ξ: M[ξ][i, t] at
     m[ξ·(nf·ntp + XI_PAD) + i·ntp + t], U[ξ][f, ch] at u[ξ·ustr + f·c + ch], V[ξ][ch, t] at
@@ -164,6 +164,14 @@ def weight_grad3x3(du, x, dy, pad, bands, vk, chunk):
     at any thread count) and applies Gᵀ · G (`winograd.filters_adjoint_add`). Per band dMᵀ (tiles
     x np per ξ) stays in L2, each slice's sum in its own part of du; the products are the
     microkernels over eight channels x two vectors of filters, summed over the band's tiles."""
+    for s in prange(du.shape[0]):
+        _grad_slice(du, x, dy, pad, bands, vk, chunk, s)
+
+
+#: A slice's body, compiled on its own (not inlined into `weight_grad3x3`), as `_conv_unit`.
+@jit
+def _grad_slice(du, x, dy, pad, bands, vk, chunk, s):
+    """`weight_grad3x3`'s slice s."""
     S, c, npd = du.shape[0], du.shape[2], du.shape[3]
     nb = x.shape[0]
     oh, ow = dy.shape[2], dy.shape[3]
@@ -172,46 +180,45 @@ def weight_grad3x3(du, x, dy, pad, bands, vk, chunk):
     rmax = -(-th // bands)
     xs = rmax * tw * npd + XI_PAD                       # dMᵀ: one ξ to the next
     vrs0 = c * rmax * tw + XI_PAD                       # the band's own V: one ξ to the next
-    for s in prange(S):
-        acc = du[s].reshape(16 * c * npd)
-        for i in range(acc.shape[0]):
-            acc[i] = 0
-        dmt = np.empty(16 * xs, x.dtype)
-        for i in range(dmt.shape[0]):       # (columns n.. stay 0; a loop: np.zeros here would
-            dmt[i] = 0                      # be a parallel region of its own)
-        own = np.empty(0 if vk.shape[0] else 16 * vrs0, x.dtype)
-        sp = np.empty((2 * rmax + 2, 2 * tw + 2), x.dtype)
-        g = np.empty(2 * rmax * 2 * tw * npd, x.dtype)
-        for i in range(g.shape[0]):
-            g[i] = 0
-        for band in range(s * total // S, (s + 1) * total // S):
-            b = band // bands
-            r0 = (band % bands) * th // bands
-            r1 = (band % bands + 1) * th // bands
-            nt = (r1 - r0) * tw
-            if vk.shape[0]:
-                vb0, vrs, vcs, t0 = kept_place(c, b, th * tw, nb, chunk)
-                v = vk
-                vb0 += t0 + r0 * tw
-            else:
-                vb0, vrs, vcs = 0, vrs0, rmax * tw
-                v = own
-                _band_inputs(own.reshape(16, vrs0), x, b, pad, r0, r1, tw, vcs, 0, 0,
-                             sp[:2 * (r1 - r0) + 2])
-            _band_adjoint_t(dmt, xs, npd, dy, b, r0, r1, tw, g)
-            for xi in range(16):
-                lb = vb0 + xi * vrs
-                ob = xi * c * npd
-                for col in range(0, npd, CV):
-                    for ch in range(0, c - 7, 8):
-                        _rows8(acc, ob + ch * npd + col, npd, v, lb + ch * vcs, vcs, dmt,
-                               xi * xs + col, npd, nt, npd - col, True)
-                    for ch in range(c // 8 * 8, c):
-                        _rows8(acc, ob + ch * npd + col, 0, v, lb + ch * vcs, 0, dmt,
-                               xi * xs + col, npd, nt, npd - col, True)
+    acc = du[s].reshape(16 * c * npd)
+    for i in range(acc.shape[0]):
+        acc[i] = 0
+    dmt = np.empty(16 * xs, x.dtype)
+    for i in range(dmt.shape[0]):       # (columns n.. stay 0)
+        dmt[i] = 0
+    own = np.empty(0 if vk.shape[0] else 16 * vrs0, x.dtype)
+    sp = np.empty((2 * rmax + 2, 2 * tw + 2), x.dtype)
+    g = np.empty(2 * rmax * 2 * tw * npd, x.dtype)
+    for i in range(g.shape[0]):
+        g[i] = 0
+    for band in range(s * total // S, (s + 1) * total // S):
+        b = band // bands
+        r0 = (band % bands) * th // bands
+        r1 = (band % bands + 1) * th // bands
+        nt = (r1 - r0) * tw
+        if vk.shape[0]:
+            vb0, vrs, vcs, t0 = kept_place(c, b, th * tw, nb, chunk)
+            v = vk
+            vb0 += t0 + r0 * tw
+        else:
+            vb0, vrs, vcs = 0, vrs0, rmax * tw
+            v = own
+            _band_inputs(own.reshape(16, vrs0), x, b, pad, r0, r1, tw, vcs, 0, 0,
+                         sp[:2 * (r1 - r0) + 2])
+        _band_adjoint_t(dmt, xs, npd, dy, b, r0, r1, tw, g)
+        for xi in range(16):
+            lb = vb0 + xi * vrs
+            ob = xi * c * npd
+            for col in range(0, npd, CV):
+                for ch in range(0, c - 7, 8):
+                    _rows8(acc, ob + ch * npd + col, npd, v, lb + ch * vcs, vcs, dmt,
+                           xi * xs + col, npd, nt, npd - col, True)
+                for ch in range(c // 8 * 8, c):
+                    _rows8(acc, ob + ch * npd + col, 0, v, lb + ch * vcs, 0, dmt,
+                           xi * xs + col, npd, nt, npd - col, True)
 
 
-@jit(inline="always")
+@jit
 def _band_adjoint_t(dmt, xs, npd, dy, b, r0, r1, tw, g):
     """dMᵀ of tile rows r0..r1−1 of item b: A dY Aᵀ (as `winograd.tile_adjoint`) of tile t of the
     band and filter f at dmt[ξ·xs + t·npd + f], LANES filters at a time. g: scratch for the band's
@@ -283,45 +290,53 @@ def conv3x3(y, x, u, ustr, pad, add, k, off, act, p, bands, fgroups, vk, chunk):
     goes there instead of a task's own buffer, in the layout of the chunked path's kept V for
     chunks of `chunk` items (`kept_place`), for the weight gradient (several filter groups' tasks
     each write their band's V there: the same values)."""
-    nb, c, h, w = x.shape
+    for unit in prange(bands * fgroups * x.shape[0]):
+        _conv_unit(y, x, u, ustr, pad, add, k, off, act, p, bands, fgroups, vk, chunk, unit)
+
+
+#: A task's body, compiled on its own (not inlined into `conv3x3`): numba's parallel passes over
+#: the whole inlined body took most of a cold compile (33 s of the kernel's first call, 3 s now).
+@jit
+def _conv_unit(y, x, u, ustr, pad, add, k, off, act, p, bands, fgroups, vk, chunk, unit):
+    """`conv3x3`'s task `unit`: filter group unit % fgroups of band unit // fgroups."""
+    c = x.shape[1]
     n, oh, ow = y.shape[1], y.shape[2], y.shape[3]
     th, tw = (oh + 1) // 2, (ow + 1) // 2
     fs = (n + 8 * fgroups - 1) // (8 * fgroups) * 8          # filters per group
     pooled = p.shape[0] > 0
-    for unit in prange(nb * bands * fgroups):
-        band = unit // fgroups
-        f0 = (unit % fgroups) * fs
-        nf = min(n, f0 + fs) - f0
-        if nf <= 0:
-            continue
-        b = band // bands
-        r0 = (band % bands) * th // bands
-        r1 = (band % bands + 1) * th // bands
-        ntp = ((r1 - r0) * tw + simd.LANES - 1) // simd.LANES * simd.LANES
-        sp = np.empty((2 * (r1 - r0) + 2, 2 * tw + 2), x.dtype)
-        if vk.shape[0]:                     # V straight into the kept buffer
-            vb0, vrs, vcs, t0 = kept_place(c, b, th * tw, nb, chunk)
-            v = vk
-            _band_inputs(v[vb0:vb0 + 16 * vrs].reshape(16, vrs), x, b, pad, r0, r1, tw, vcs,
-                         t0 + r0 * tw, 0, sp)
-            vb0 += r0 * tw + t0
-        else:
-            vb0, vrs, vcs = 0, c * ntp + XI_PAD, ntp
-            v = np.empty(16 * vrs, x.dtype)
-            _band_inputs(v.reshape(16, vrs), x, b, pad, r0, r1, tw, ntp, 0, ntp, sp)
-        m = np.empty(16 * (FILTER_BLOCK * ntp + XI_PAD), x.dtype)
-        lo, hi = 2 * r0, min(2 * r1, oh)            # the band's output rows
-        band_out = np.empty((hi - lo if pooled else 0, ow), y.dtype)
-        for fb in range(f0, f0 + nf, FILTER_BLOCK):
-            nfb = min(FILTER_BLOCK, f0 + nf - fb)
-            _band_products(m, u, ustr, v, vb0, vrs, vcs, fb, nfb, c, ntp)
-            m2 = m[:16 * (nfb * ntp + XI_PAD)].reshape(16, nfb * ntp + XI_PAD)
-            for i in range(nfb):
-                f = fb + i
-                if pooled:
-                    _band_outputs(band_out, m2, i, nfb, ntp, r0, r1, tw, oh, ow, False, lo)
-                    epilogue_pool_rows(p[b, f, r0:r1], band_out, k[f], off[f], act)
-                    continue
-                _band_outputs(y[b, f], m2, i, nfb, ntp, r0, r1, tw, oh, ow, add, 0)
-                if k.shape[0]:
-                    affine_act_row(simd.flat(y[b, f])[lo * ow:hi * ow], k[f], off[f], act)
+    band = unit // fgroups
+    f0 = (unit % fgroups) * fs
+    nf = min(n, f0 + fs) - f0
+    if nf <= 0:
+        return
+    b = band // bands
+    r0 = (band % bands) * th // bands
+    r1 = (band % bands + 1) * th // bands
+    ntp = ((r1 - r0) * tw + simd.LANES - 1) // simd.LANES * simd.LANES
+    sp = np.empty((2 * (r1 - r0) + 2, 2 * tw + 2), x.dtype)
+    if vk.shape[0]:                     # V straight into the kept buffer
+        vb0, vrs, vcs, t0 = kept_place(c, b, th * tw, x.shape[0], chunk)
+        v = vk
+        _band_inputs(v[vb0:vb0 + 16 * vrs].reshape(16, vrs), x, b, pad, r0, r1, tw, vcs,
+                     t0 + r0 * tw, 0, sp)
+        vb0 += r0 * tw + t0
+    else:
+        vb0, vrs, vcs = 0, c * ntp + XI_PAD, ntp
+        v = np.empty(16 * vrs, x.dtype)
+        _band_inputs(v.reshape(16, vrs), x, b, pad, r0, r1, tw, ntp, 0, ntp, sp)
+    m = np.empty(16 * (FILTER_BLOCK * ntp + XI_PAD), x.dtype)
+    lo, hi = 2 * r0, min(2 * r1, oh)            # the band's output rows
+    band_out = np.empty((hi - lo if pooled else 0, ow), y.dtype)
+    for fb in range(f0, f0 + nf, FILTER_BLOCK):
+        nfb = min(FILTER_BLOCK, f0 + nf - fb)
+        _band_products(m, u, ustr, v, vb0, vrs, vcs, fb, nfb, c, ntp)
+        m2 = m[:16 * (nfb * ntp + XI_PAD)].reshape(16, nfb * ntp + XI_PAD)
+        for i in range(nfb):
+            f = fb + i
+            if pooled:
+                _band_outputs(band_out, m2, i, nfb, ntp, r0, r1, tw, oh, ow, False, lo)
+                epilogue_pool_rows(p[b, f, r0:r1], band_out, k[f], off[f], act)
+                continue
+            _band_outputs(y[b, f], m2, i, nfb, ntp, r0, r1, tw, oh, ow, add, 0)
+            if k.shape[0]:
+                affine_act_row(simd.flat(y[b, f])[lo * ow:hi * ow], k[f], off[f], act)
