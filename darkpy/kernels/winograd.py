@@ -203,6 +203,7 @@ def _output_plane(yf, m, f, t, add):
             t += 1
 
 
+# compiled once for both twins, not inlined into each (a task is POOL_GROUP whole planes)
 @jit
 def _output_units(y, m, g, add, k, off, act, p):
     """Planes fb = f·nb + b in group g (POOL_GROUP planes) of `outputs`, each then act(plane·k[f] +
