@@ -1,6 +1,7 @@
 """Test helpers: float64 numerical gradients, layer-level gradient checks, golden file loading."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Callable
@@ -25,6 +26,49 @@ def numerical_grad(f: Callable[[], float], arr: np.ndarray, eps: float = 1e-6) -
         flat[i] = old
         gf[i] = (fp - fm) / (2 * eps)
     return g
+
+
+@functools.lru_cache(maxsize=None)
+def blas_splits_exactly() -> bool:
+    """Whether OpenBLAS's sgemm kernels on this machine give a product the same bits whole, on one
+    or two of its threads, or split into blocks of rows (multiples of 8) or columns (of 16), as
+    darkpy's split and per-unit GEMMs do: what "the same bits at any thread count" rests on for
+    the GEMM paths. Its SkylakeX kernels do; its Haswell kernels (AVX2 machines, or any machine
+    with OPENBLAS_CORETYPE=Haswell) sum such parts in another order, rounding apart."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    for m, k, n in ((32, 300, 2048), (144, 300, 100)):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        with threadpool_limits(1, user_api="blas"):
+            one = a @ b
+            cols = np.concatenate([a @ b[:, :n // 32 * 16], a @ b[:, n // 32 * 16:]], 1)
+            rows = np.concatenate([a[:m // 16 * 8] @ b, a[m // 16 * 8:] @ b], 0)
+        with threadpool_limits(2, user_api="blas"):
+            two = a @ b
+        if not all(np.array_equal(one, c) for c in (cols, rows, two)):
+            return False
+    return True
+
+
+#: Why a test of the same bits relaxes to rounding: `blas_splits_exactly` is false here.
+BLAS_ROUNDS_APART = ("OpenBLAS's sgemm kernels here (e.g. OPENBLAS_CORETYPE=Haswell) round a product "
+                     "split into parts apart from the whole one")
+
+
+def assert_same_bits(actual, expected, what: str = "", rtol: float = 1e-4) -> None:
+    """actual == expected bit for bit where OpenBLAS's products split exactly
+    (`blas_splits_exactly`), else within rounding: rtol of expected's largest magnitude."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    if blas_splits_exactly():
+        np.testing.assert_array_equal(actual, expected, err_msg=what)
+        return
+    assert actual.shape == expected.shape, what
+    assert (np.isfinite(actual) == np.isfinite(expected)).all(), what
+    scale = max(float(np.nanmax(np.abs(expected), initial=0.0)), 1e-30)
+    err = float(np.nanmax(np.abs(actual.astype(np.float64) - expected), initial=0.0))
+    assert err <= rtol * scale, f"{what}: differs by {err:.3g} (scale {scale:.3g}; {BLAS_ROUNDS_APART})"
 
 
 def assert_close(actual, expected, rtol=1e-5, atol=1e-7, what=""):

@@ -10,6 +10,7 @@ import pytest
 
 from darkpy import blas
 from darkpy.kernels import cblas
+from helpers import assert_same_bits
 
 pytestmark = [pytest.mark.skipif(not cblas.load(),
                                  reason="numpy's OpenBLAS has no ILP64 cblas_sgemm (a numpy built on "
@@ -40,8 +41,8 @@ def test_split_sgemm_against_float64_and_the_same_bits_in_any_parts(m, k, n, ta,
         outs.append(c)
     want = a.astype(np.float64) @ b.astype(np.float64)
     assert np.abs(outs[0] - want).max() <= 1e-5 * np.abs(want).max()
-    for c in outs[1:]:
-        np.testing.assert_array_equal(c, outs[0])
+    for parts, c in enumerate(outs[1:], 2):
+        assert_same_bits(c, outs[0], f"{parts} parts")
 
 
 def test_matmul_takes_the_split_path_for_large_float32_products(monkeypatch):
@@ -109,4 +110,4 @@ def test_a_stack_on_numbas_threads_gives_each_matrix_its_own_gemm_bits(shapes, m
         c = np.empty_like(out[i])
         cblas.split_sgemm(c, *blas._operand(sa[i]), *blas._operand(sb[i]), c.shape[0], c.shape[1],
                           a.shape[-1], 1, True)                    # one matrix, one call
-        assert np.array_equal(out[i], c), f"matrix {i}"
+        assert_same_bits(out[i], c, f"matrix {i}")

@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 import pytest
 from conftest import ROOT, shared_path
+from helpers import assert_same_bits
 
 from darkpy import StateError
 from darkpy.cfg import CfgWarning
@@ -303,8 +304,8 @@ def train_steps(net, rng, steps=3) -> list:
 def assert_same(a, b, what):
     assert len(a) == len(b)
     for i, (u, v) in enumerate(zip(a, b)):
-        if isinstance(u, np.ndarray):
-            np.testing.assert_array_equal(u, v, err_msg=f"{what} item {i}")
+        if isinstance(u, (np.ndarray, float, list)):
+            assert_same_bits(np.asarray(u), np.asarray(v), f"{what} item {i}")
         else:
             assert u == v, f"{what} item {i}: {u} != {v}"
 
@@ -321,7 +322,7 @@ def test_training_is_bit_identical_to_preallocated_buffers(name):
     assert_same(la, lb, name)
     for l1, l2 in zip(lazy.layers, eager.layers):
         for a, b in zip(l1.weight_arrays(), l2.weight_arrays()):
-            np.testing.assert_array_equal(a, b, err_msg=f"{name} layer {l1.index} weights")
+            assert_same_bits(a, b, f"{name} layer {l1.index} weights")
     for layer in lazy.layers:
         assert layer.delta.shape == layer.output.shape, layer
         for key in TRAINING_ONLY.get(layer.kind, ()):   # those that exist have the eager net's shape

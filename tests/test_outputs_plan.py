@@ -30,6 +30,7 @@ from darkpy import outputs_plan
 from darkpy.kernels import direct as dk
 from darkpy.errors import StateError
 from darkpy.network import network_from_text
+from helpers import assert_same_bits, blas_splits_exactly
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import export_cases as ec  # noqa: E402
@@ -122,7 +123,9 @@ def test_shared_outputs_give_the_same_outputs(name, monkeypatch):
             got = net.layers[i].output
             scale = max(float(np.abs(r).max()), 1e-30)
             assert np.isfinite(got).all() == np.isfinite(r).all(), f"{name}: layer {i} not finite"
-            assert float(np.abs(got - r).max()) <= 1e-6 * scale, f"{name}: layer {i} differs"
+            # rounding apart (helpers.py): deep random nets (yolov7x, 160 layers) grow it to ~5e-3
+            tol = 1e-6 if blas_splits_exactly() else 2e-2
+            assert float(np.abs(got - r).max()) <= tol * scale, f"{name}: layer {i} differs"
 
 
 SMALL = """
@@ -349,9 +352,9 @@ def test_routes_at_batch_1_are_written_in_place_and_give_the_same_outputs():
     assert L[8].output.base is not None and np.shares_memory(L[8].output, L[5].output)
     net._arena[...] = np.nan
     net.forward(x)
-    assert np.array_equal(L[-1].output, ref[-1])
+    assert_same_bits(L[-1].output, ref[-1])
     for i in (0, 5, 6, 7, 8, 9):      # every route's sources stay readable until its last reader
-        assert np.array_equal(L[i].output, ref[i]), i
+        assert_same_bits(L[i].output, ref[i], str(i))
 
 
 def test_routes_at_a_larger_batch_view_only_whole_layers():
@@ -365,11 +368,11 @@ def test_routes_at_a_larger_batch_view_only_whole_layers():
     assert L[8].output.base is not None and np.shares_memory(L[8].output, L[5].output)
     net._arena[...] = np.nan
     net.forward(x)
-    assert np.array_equal(L[-1].output, ref[-1])
+    assert_same_bits(L[-1].output, ref[-1])
     net.unshare_outputs()
     assert not any(any(L[i].in_place) for i in (1, 4, 6, 7, 8, 9))
     net.forward(x)
-    assert np.array_equal(L[-1].output, ref[-1])
+    assert_same_bits(L[-1].output, ref[-1])
 
 
 def test_route_views_off_copies_every_part(monkeypatch):
@@ -378,7 +381,7 @@ def test_route_views_off_copies_every_part(monkeypatch):
     net.share_outputs()
     assert not any(any(layer.in_place) for layer in net.layers if layer.kind == "route")
     net.forward(x)
-    assert np.array_equal(net.layers[-1].output, ref[-1])
+    assert_same_bits(net.layers[-1].output, ref[-1])
 
 
 DROPOUTS = """
