@@ -240,10 +240,11 @@ def test_network_on_the_path_gives_the_other_paths_outputs(kw):
 @pytest.mark.parametrize("kw", [dict(batch=1, c=228, n=520, h=13),
                                 dict(batch=1, c=256, n=33, h=19, s=2, activation="mish"),
                                 dict(batch=2, c=240, n=512, h=11, k=5, pad=2, bn=0)])
-def test_deep_layer_on_a_larger_map_gives_the_other_paths_outputs(kw):
+def test_deep_layer_on_a_larger_map_gives_the_other_paths_outputs(kw, monkeypatch):
     """A deep k x k layer (DEEP_MIN_TAPS) on a map past MAX_POSITIONS, in a small inferring batch,
     takes the path (its 13x13 map's 169 positions padded to whole microkernels) and gives what
-    the unshared twin gives, in float64."""
+    the unshared twin gives, in float64 (with the rule on, whatever this CPU's default)."""
+    monkeypatch.setattr(fv, "DEEP", True)
     plain, shared = _nets(**kw)
     assert shared.layers[0].direct_fv and not plain.layers[0].direct_fv
     assert shared.layers[0].out_shape[1] * shared.layers[0].out_shape[2] > fv.MAX_POSITIONS
@@ -343,8 +344,13 @@ def test_which_layers_take_it(monkeypatch):
     assert takes(c=1024, k=1, pad=0, h=7, batch=1)[0]
     assert not takes(c=512, k=1, pad=0, h=7, batch=2)[0] and not takes(c=128, h=9, batch=1)[0]
     # and a deep k x k layer (DEEP_MIN_TAPS), strided or with DEEP_MIN_FILTERS filters, in a batch
-    # of at most DEEP_MAX_POSITIONS positions
+    # of at most DEEP_MAX_POSITIONS positions, where the rule is on (DEEP: not on the CPUs where it
+    # lost)
     assert (fv.DEEP_MIN_TAPS, fv.DEEP_MIN_FILTERS, fv.DEEP_MAX_POSITIONS) == (2048, 512, 256)
+    monkeypatch.setattr(fv, "DEEP", False)
+    assert not takes(c=512, n=512, h=9, batch=1)[0] and not takes(c=256, h=31, s=2, batch=1)[0]
+    assert takes(c=512, h=7, batch=1)[0]                # FEW_POSITIONS still holds
+    monkeypatch.setattr(fv, "DEEP", True)
     assert takes(c=512, n=512, h=9, batch=1) == (True, False)
     assert takes(c=228, n=512, h=16, batch=1)[0] and takes(c=256, n=600, h=8, batch=4)[0]
     assert takes(c=256, h=31, s=2, batch=1)[0]          # 16x16, strided: any filters

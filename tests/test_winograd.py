@@ -2,6 +2,10 @@
 convolutional layer's Winograd path against its im2col path and against numerical gradients."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -181,12 +185,32 @@ def test_fused_band_groups_rule():
     assert wf.band_count(3, 3, 512, 512, 1, 2) == 2 and wf.band_count(3, 3, 512, 512, 1, 4) == 3
 
 
-def test_fused_path_rule():
+def test_fused_path_rule(monkeypatch):
     """Narrow correlations take the fused bands on enough tiles; wide ones only in small batches
-    (where the chunked GEMMs are narrow) and while U is small enough for every band to read."""
+    (where the chunked GEMMs are narrow), or in any batch on the CPUs where that won, and while U
+    is small enough for every band to read."""
+    monkeypatch.setattr(cw, "FUSED_WIDE_MAX_TILES", 1024)
     assert cw._fused(64, 128, 64, 64) and not cw._fused(64, 128, 16, 128)
     assert cw._fused(128, 128, 196, 1) and cw._fused(256, 256, 49, 1) and cw._fused(64, 128, 16, 64)
     assert not cw._fused(128, 128, 196, 64) and not cw._fused(384, 256, 169, 1)
+    monkeypatch.setattr(cw, "FUSED_WIDE_MAX_TILES", None)
+    assert cw._fused(128, 128, 196, 64) and cw._fused(256, 256, 49, 1024)
+    assert cw._fused(64, 128, 16, 128) and not cw._fused(384, 256, 169, 1)
+
+
+@pytest.mark.parametrize("name, deep, any_batch", [("znver5", False, True),
+                                                   ("sapphirerapids", True, False),
+                                                   ("znver4", True, False)])
+def test_cpu_dependent_rules(name, deep, any_batch):
+    """The two path rules that measured opposite ways on different CPUs (kernels/cpu.py) follow the
+    CPU numba is told it runs on (NUMBA_CPU_NAME); importing compiles nothing."""
+    code = ("import darkpy.kernels.cpu as c, darkpy.kernels.direct_fv as fv, "
+            "darkpy.layers.conv_winograd as cw; "
+            "print(c.HOST_CPU, fv.DEEP, cw.FUSED_WIDE_MAX_TILES is None)")
+    env = dict(os.environ, NUMBA_CPU_NAME=name)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out == [name, str(deep), str(any_batch)]
 
 
 CFG = """[net]

@@ -38,7 +38,7 @@ import functools
 import numpy as np
 from numba import prange
 
-from . import PARALLEL_MIN, njit, simd, vjit
+from . import PARALLEL_MIN, cpu, njit, simd, vjit
 from .activations import LEAKY, LINEAR, RELU
 from .bn import affine_act_row
 from .fv_tiles import FV, _jit, _serial, block_at, identity, run_tile
@@ -140,6 +140,14 @@ FEW_POSITIONS = 64
 DEEP_MIN_TAPS = 2048
 DEEP_MIN_FILTERS = 512
 DEEP_MAX_POSITIONS = 256
+#: ... except on the CPUs (kernels/cpu.py) where that lost to the other paths: on a 2-core Zen 5
+#: EPYC (OpenBLAS's GEMMs at ~500 GFLOP/s, where this kernel stays near 220) the whole forward at
+#: batch 1 with the rule off, processes alternating (2 threads, medians of 30-40 forwards):
+#: yolov3-tiny 0.78-0.83x the time (512 -> 1024 on 13x13 7.4 -> 4.3 ms, on the GEMM; its 256 ->
+#: 512 layers 1.9 -> 1.6 ms, on Winograd), darknet19 0.87x, yolov4-tiny 0.91-0.93x, resnet50
+#: 0.99x.
+DEEP_LOSES_ON = frozenset({"znver5"})
+DEEP = cpu.HOST_CPU not in DEEP_LOSES_ON
 #: Most taps per filter of a layer that trains, in its forward and its input gradient: its GEMM and
 #: Winograd alternatives are short too (digits' 32 -> 64 on 4x4 at b32 ran Winograd on 128 tiles).
 #: Against MAX_TAPS, alternating in one process (2 threads, 2-core Xeon, AVX-512): digits' training
@@ -153,13 +161,13 @@ def supports(c: int, n: int, k: int, groups: int, dilation: int, positions: int,
     """Layers this path takes: ungrouped and undilated, with MIN_POSITIONS to MAX_POSITIONS output
     positions per item; in a network that will only infer, with at most MAX_TAPS taps per filter (c
     input channels, k x k), or any number in a batch of at most FEW_POSITIONS output positions, and
-    a k x k layer of at least DEEP_MIN_TAPS taps, strided or of at least DEEP_MIN_FILTERS filters,
-    in a batch of at most DEEP_MAX_POSITIONS whatever its map; in one that trains (with TRAINING),
-    at stride 1 with padding at most k − 1 and at most TRAINING_MAX_TAPS taps per filter of the
-    forward (c·k·k) and of the input gradient (n·k·k)."""
+    (where DEEP) a k x k layer of at least DEEP_MIN_TAPS taps, strided or of at least
+    DEEP_MIN_FILTERS filters, in a batch of at most DEEP_MAX_POSITIONS whatever its map; in one
+    that trains (with TRAINING), at stride 1 with padding at most k − 1 and at most
+    TRAINING_MAX_TAPS taps per filter of the forward (c·k·k) and of the input gradient (n·k·k)."""
     if not (groups == 1 and dilation == 1 and MIN_POSITIONS <= positions):
         return False
-    if (inference_only and k > 1 and c * k * k >= DEEP_MIN_TAPS
+    if (DEEP and inference_only and k > 1 and c * k * k >= DEEP_MIN_TAPS
             and batch * positions <= DEEP_MAX_POSITIONS and (stride > 1 or n >= DEEP_MIN_FILTERS)):
         return True
     if positions > MAX_POSITIONS:

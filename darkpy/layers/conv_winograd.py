@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import blas
 from ..kernels import im2col as ic
-from ..kernels import simd, thread_count
+from ..kernels import cpu, simd, thread_count
 from ..kernels import winograd as wg
 from ..kernels import winograd_fused as wf
 from ..kernels.pool2x2 import no_pool
@@ -83,6 +83,16 @@ FUSED_MAX_CHANNELS = 96
 FUSED_MIN_TILES = 64
 FUSED_WIDE_MAX_WEIGHTS = 256 * 256
 FUSED_WIDE_MAX_TILES = 1024
+#: ... but at any batch on the CPUs (kernels/cpu.py) where the microkernel outran the chunked
+#: path's wide GEMMs too. On a 2-core Zen 5 EPYC (OpenBLAS's GEMMs at ~500 GFLOP/s), processes
+#: alternating with the limit (2 threads, medians of 5-20 passes): batch 64 inference of cifar
+#: 0.81-0.87x the time (its 128 -> 128 on 28x28 40 -> 28 ms, 256 -> 256 on 14x14 28 -> 24 ms),
+#: resnet50 and yolov4-tiny 0.88x, darknet19 and tiny.cfg 0.90-0.91x, yolov3-tiny 0.97x,
+#: shapes-tiny level, darknet.cfg 1.03x (one run); training steps of cifar at b128 0.87x,
+#: darknet19 at b16 0.92x, digits at b32 0.98x. A wider limit (512 -> 512, cifar at b64) was level.
+FUSED_WIDE_ANY_BATCH_ON = frozenset({"znver5"})
+if cpu.HOST_CPU in FUSED_WIDE_ANY_BATCH_ON:
+    FUSED_WIDE_MAX_TILES = None
 #: The training forward that keeps V for the weight gradient takes the fused bands too, each band
 #: writing its V straight into the kept buffer (in the chunked layout; the products read it from
 #: there). Alternating in one process (2 threads, 2-core AVX-512 Xeon): shapes-tiny's training
@@ -252,9 +262,10 @@ def _lanes(n: int) -> int:
 
 def _fused(c: int, n: int, tiles: int, batch: int) -> bool:
     """Whether a c -> n correlation with `tiles` tiles per item takes the fused bands at `batch`
-    (FUSED_MAX_CHANNELS, FUSED_WIDE_MAX_WEIGHTS)."""
+    (FUSED_MAX_CHANNELS, FUSED_WIDE_MAX_WEIGHTS, FUSED_WIDE_MAX_TILES: None for any batch)."""
     narrow = c <= FUSED_MAX_CHANNELS and tiles >= FUSED_MIN_TILES
-    return narrow or (n * c <= FUSED_WIDE_MAX_WEIGHTS and batch * tiles <= FUSED_WIDE_MAX_TILES)
+    few = FUSED_WIDE_MAX_TILES is None or batch * tiles <= FUSED_WIDE_MAX_TILES
+    return narrow or (n * c <= FUSED_WIDE_MAX_WEIGHTS and few)
 
 
 def _winograd_chunk(per_item: int, tiles: int, batch: int, inference_only: bool = False) -> int:
