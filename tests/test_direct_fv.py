@@ -409,3 +409,50 @@ def test_it_comes_before_the_other_small_map_paths():
         layer = _nets(batch=batch, c=c, n=32)[1].layers[0]
         assert dk.supports(c, 32, 3, 1, 1, 1, 64, batch, True) or c == 32
         assert layer.direct_fv and not (layer.direct or layer.winograd or layer.keep_filters)
+
+
+ONE_BY_ONE = """[net]
+batch=2
+height=7
+width=7
+channels=24
+[convolutional]
+filters=24
+size=3
+pad=1
+activation=linear
+[convolutional]
+filters=10
+size=1
+batch_normalize=1
+activation=leaky
+[cost]
+type=sse
+"""
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_1x1_input_gradient_is_the_stacked_gemm(shared, monkeypatch):
+    """A 1x1 layer on the path takes its input gradient as Wᵀ @ d per item (written into a fresh
+    previous delta when the deltas share an arena, else added): the kernel's gradient within
+    rounding, seen in the layer before's weight gradient; a 3x3 layer keeps the kernel (which
+    adds into the previous delta)."""
+    from darkpy.layers import conv_direct_fv
+    rng = np.random.default_rng(0)
+    x = rng.random((2, 24, 7, 7), dtype=np.float32)
+    truth = rng.random((2, 10 * 49), dtype=np.float32)
+    grads = {}
+    for by_gemm in (True, False):
+        monkeypatch.setattr(conv_direct_fv, "GEMM_INPUT_GRAD_1X1", by_gemm)
+        net = network_from_text(ONE_BY_ONE)
+        if shared:
+            net.share_deltas()
+        layer = net.layers[1]
+        assert layer.direct_fv and layer.assigns_fresh_delta == by_gemm
+        assert net.layers[0].direct_fv and not net.layers[0].assigns_fresh_delta
+        net.forward(x, truth, train=True)
+        net.backward()
+        grads[by_gemm] = net.layers[0].weights.grad.copy(), layer.weights.grad.copy()
+    np.testing.assert_array_equal(grads[True][1], grads[False][1])      # the same weight gradient
+    want = grads[False][0]
+    assert np.abs(grads[True][0] - want).max() <= 1e-5 * np.abs(want).max()

@@ -512,7 +512,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         wgrad = self.weights.grad.reshape(wmat.shape)
         rows, cols = self.col_shape
         if self.direct_fv:
-            self._backward_fv(x, d.reshape(self.batch, self.n, oh, ow), prev)
+            self._backward_fv(x, d.reshape(self.batch, self.n, oh, ow), prev, s.delta_fresh)
             return
         if self.winograd:
             self._winograd_weight_grad(x, d.reshape(self.batch, self.n, oh, ow))
@@ -564,9 +564,11 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
     @property
     def assigns_fresh_delta(self) -> bool:
         """The input gradient is one pass that can write the previous delta whole (Winograd, the
-        direct stride-1 correlation, a flat GEMM); the im2col chunks and direct_fv add into it."""
-        return (not self.direct_fv) and (self.winograd or self.rows_gemm
-                                         or (self.direct and self._direct_input_grad_ok()))
+        direct stride-1 correlation, a flat GEMM, direct_fv's 1x1 stacked GEMM); the im2col chunks
+        and the other direct_fv layers add into it."""
+        if self.direct_fv:
+            return self._fv_input_grad_by_gemm()
+        return self.winograd or self.rows_gemm or (self.direct and self._direct_input_grad_ok())
 
     def _direct_input_grad_ok(self) -> bool:
         return DIRECT_INPUT_GRAD and self.stride_x == self.stride_y == 1 and self.padding < self.size
