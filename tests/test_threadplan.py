@@ -7,7 +7,6 @@ import numba
 import numpy as np
 import pytest
 from conftest import ROOT
-from helpers import assert_same_bits
 
 from darkpy.network import load_network, network_from_text
 from darkpy.threadplan import (CHECK_ROUNDS, LONG_PASS_S, ONE_THREAD_BELOW, SAMPLES, SAMPLES_LONG,
@@ -241,7 +240,8 @@ def test_training_gives_the_same_bits_on_any_threads_per_layer(name):
     one = _train(make, 1, "off", steps)
     for plan in ("off", "mixed", "measured"):
         got = _train(make, 2, plan, steps)
-        assert_same_bits(got, one, f"{name}: 2 threads, plan {plan} differs from 1 thread")
+        np.testing.assert_array_equal(got, one,
+                                      err_msg=f"{name}: 2 threads, plan {plan} differs from 1 thread")
 
 
 def test_network_plans_by_pass_kind_and_restores_threads():

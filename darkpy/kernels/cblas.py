@@ -1,6 +1,6 @@
 """numpy's OpenBLAS sgemm called from numba kernels, so that a large GEMM runs split between
-numba's own threads (`split_sgemm`), one single-threaded OpenBLAS call per part, instead of on
-OpenBLAS's thread pool.
+numba's own threads (`split_stacked_sgemm`), one single-threaded OpenBLAS call per part, instead
+of on OpenBLAS's thread pool.
 
 Why: after a parallel region numba's OpenMP workers spin a while before they sleep (the `darkpy`
 command's GOMP_SPINCOUNT, darkpy/process.py). The longer they spin, the cheaper the next region's
@@ -85,29 +85,6 @@ _F = 4
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def split_sgemm(c, a, ta, lda, b, tb, ldb, m, n, k, parts, by_rows):
-    """c (m, n) C-contiguous := op(A) @ op(B) in `parts` parts, one sgemm call each, on numba's
-    threads: by blocks of rows of C (whole multiples of 8 but the last) or, not by_rows, of columns.
-    A is the array a (its rows lda floats apart) read as is (ta = NO_TRANS: A is (m, k)) or
-    transposed (TRANS: a is (k, m)); B likewise from b (k, n). Each value of C is one call's, summed
-    over k as one call would: the same bits for any number of parts while each part is past
-    OpenBLAS's small-matrix kernels (up to 100³ multiply-adds on SkylakeX, summing in another
-    order): see darkpy/blas.py, SPLIT_MIN_PART_MACS."""
-    pa, pb, pc = a.ctypes.data, b.ctypes.data, c.ctypes.data
-    for p in prange(parts):
-        if by_rows:
-            lo = m * p // parts // 8 * 8
-            hi = m if p == parts - 1 else m * (p + 1) // parts // 8 * 8
-            at = pa + lo * (lda if ta == NO_TRANS else 1) * _F
-            sgemm(ta, tb, hi - lo, n, k, at, lda, pb, ldb, pc + lo * n * _F, n)
-        else:
-            lo = n * p // parts // 16 * 16
-            hi = n if p == parts - 1 else n * (p + 1) // parts // 16 * 16
-            at = pb + lo * (1 if tb == NO_TRANS else ldb) * _F
-            sgemm(ta, tb, m, hi - lo, k, pa, lda, at, ldb, pc + lo * _F, n)
-
-
-@njit(cache=True, nogil=True, parallel=True)
 def stacked_sgemm(pc, pa, ta, lda, sa, pb, tb, ldb, sb, m, n, k, count, parts):
     """C_i := op(A_i) @ op(B_i) for the `count` matrices of a stack, in `parts` runs of consecutive
     matrices on numba's threads, one sgemm call each: C_i (m, n) C-contiguous from the address pc,
@@ -117,3 +94,28 @@ def stacked_sgemm(pc, pa, ta, lda, sa, pb, tb, ldb, sb, m, n, k, count, parts):
     for p in prange(parts):
         for i in range(count * p // parts, count * (p + 1) // parts):
             sgemm(ta, tb, m, n, k, pa + i * sa * _F, lda, pb + i * sb * _F, ldb, pc + i * m * n * _F, n)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def split_stacked_sgemm(pc, pa, ta, lda, sa, pb, tb, ldb, sb, m, n, k, count, splits, by_rows):
+    """C_i := op(A_i) @ op(B_i) for the `count` matrices of a stack (addresses and strides as in
+    `stacked_sgemm`), each cut into `splits` blocks of rows of C_i (whole multiples of 8 but the
+    last) or, not by_rows, of columns (of 16): count · splits single-threaded sgemm calls, spread
+    over numba's current threads. Which calls there are depends only on the arguments, never on
+    the thread count, so every thread count gives the same bits, whatever OpenBLAS's kernels do
+    with a product cut into parts."""
+    for u in prange(count * splits):
+        i, p = u // splits, u % splits
+        a0, b0, c0 = pa + i * sa * _F, pb + i * sb * _F, pc + i * m * n * _F
+        if by_rows:
+            lo = m * p // splits // 8 * 8
+            hi = m if p == splits - 1 else m * (p + 1) // splits // 8 * 8
+            if hi > lo:
+                at = a0 + lo * (lda if ta == NO_TRANS else 1) * _F
+                sgemm(ta, tb, hi - lo, n, k, at, lda, b0, ldb, c0 + lo * n * _F, n)
+        else:
+            lo = n * p // splits // 16 * 16
+            hi = n if p == splits - 1 else n * (p + 1) // splits // 16 * 16
+            if hi > lo:
+                at = b0 + lo * (1 if tb == NO_TRANS else ldb) * _F
+                sgemm(ta, tb, m, hi - lo, k, a0, lda, at, ldb, c0 + lo * _F, n)

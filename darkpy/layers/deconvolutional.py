@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import blas
 from ..kernels import activations as act
 from ..kernels import im2col as ic
 from ..memory import param_zeros
@@ -137,7 +138,7 @@ class DeconvolutionalLayer(Layer):
         for items in self._chunks():
             nb = items.stop - items.start
             col = ic.get((nb, *self.col_shape), self.dtype)
-            np.matmul(wmat.T, x[items], out=col)
+            blas.matmul(wmat.T, x[items], out=col)
             ic.col2im_add(out[items], col, self.size, self.stride, self.stride, self.padding, 1, h, w)
         y = self.output.reshape(self.batch, self.n, oh * ow)
         forward_bias_bn_act(self, y, s.train)
@@ -158,12 +159,12 @@ class DeconvolutionalLayer(Layer):
             dcol = ic.get((nb, *self.col_shape), self.dtype)
             ic.im2col(dcol, dimg[items], self.size, self.stride, self.stride, self.padding, 1, h, w)
             tmp = self.wgrad_tmp[:nb]
-            np.matmul(x[items], dcol.transpose(0, 2, 1), out=tmp)
+            blas.matmul(x[items], dcol.transpose(0, 2, 1), out=tmp)
             for i in range(nb):
                 wgrad += tmp[i]
             if prev is not None:
                 dx = self.dx_tmp[:nb]
-                np.matmul(wmat, dcol, out=dx)
+                blas.matmul(wmat, dcol, out=dx)
                 prev[items] += dx
 
     def weight_arrays(self) -> list[np.ndarray]:

@@ -22,6 +22,7 @@ import math
 import numpy as np
 from numba import prange
 
+from .. import blas
 from ..kernels import activations as act
 from ..kernels import im2col as ic
 from ..kernels import pjit
@@ -208,7 +209,7 @@ class LocalLayer(Layer):
         for items in self._chunks():
             nb = items.stop - items.start
             ymat = self.ymat[:self.locations * self.n * nb].reshape(self.locations, self.n, nb)
-            np.matmul(self.weights.value, self._columns(x[items]), out=ymat)
+            blas.matmul(self.weights.value, self._columns(x[items]), out=ymat)
             local_output(y[items], pre[items], ymat, self.biases.value, self.act, self.pre.size > 0)
 
     def backward(self, s: State) -> None:
@@ -225,11 +226,11 @@ class LocalLayer(Layer):
             local_delta(dmat, self.biases.grad, d[items], y[items], pre[items], self.act)
             col = self._columns(x[items])
             for l in range(self.locations):
-                np.matmul(dmat[l], col[l].T, out=self.wgrad_tmp)
+                blas.matmul(dmat[l], col[l].T, out=self.wgrad_tmp)
                 wgrad[l] += self.wgrad_tmp
             if prev is None:
                 continue
-            np.matmul(w.transpose(0, 2, 1), dmat, out=col)      # col is free again: reuse it
+            blas.matmul(w.transpose(0, 2, 1), dmat, out=col)      # col is free again: reuse it
             local_col2im_add(prev[items], col, self.size, self.stride, self.pad, oh, ow)
 
     def weight_arrays(self) -> list[np.ndarray]:
