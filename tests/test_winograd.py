@@ -12,6 +12,7 @@ import pytest
 import darkpy.layers.conv_winograd as cw
 import darkpy.layers.convolutional as conv
 from darkpy.kernels import direct as dk
+from darkpy.kernels import direct_fv as dfv
 from darkpy.kernels import simd
 from darkpy.kernels import im2col as ic
 from darkpy.kernels import activations as act
@@ -556,4 +557,20 @@ def test_kept_transform_needs_enough_whole_tiles(size, channels, kept):
     net = network_from_text(text.replace("channels=32", f"channels={channels}"))
     net.share_outputs()
     layer = net.layers[0]
+    assert layer.keep_filters is kept and layer.winograd is kept
+
+
+@pytest.mark.parametrize("n, chunked, kept", [(256, False, True), (512, False, False), (512, True, True)])
+def test_kept_transform_only_where_the_fused_bands_take_the_layer(n, chunked, kept, monkeypatch):
+    """At batch 1 a 256 -> 256 layer on 13x13 (a filter transform the fused bands take) keeps its
+    transform and runs on Winograd; a 256 -> 512 one would run the chunked path's narrow GEMMs
+    and stays on the GEMM path, unless WINOGRAD_KEPT_CHUNKED."""
+    monkeypatch.setattr(conv, "WINOGRAD_KEPT_CHUNKED", chunked)
+    monkeypatch.setattr(dfv, "DEEP", False)             # not the direct path across filters
+    text = (KEPT_CFG.replace("height=14", "height=13").replace("width=14", "width=13")
+            .replace("channels=32", "channels=256").replace("filters=32", f"filters={n}", 1))
+    net = network_from_text(text, dtype=np.float32)
+    net.share_outputs()
+    layer = net.layers[0]
+    assert layer.winograd_in_bands(1) is (n == 256)
     assert layer.keep_filters is kept and layer.winograd is kept

@@ -158,6 +158,12 @@ class WinogradConv:
             blas.matmul(u, _as_matrices(vrows, c, m.shape[2]), out=m)
             wg.outputs(y[items], m, add, *epilogue, pool=None if pool is None else pool[items])
 
+    def winograd_in_bands(self, batch: int) -> bool:
+        """Whether this layer's inference forward on Winograd at `batch` takes the fused bands
+        (`_fused`), not the chunked path's 16 GEMMs."""
+        th, tw = wg.tiles(*self.out_shape[1:])
+        return FUSED_BANDS and _fused(self.in_shape[0], self.n, th * tw, batch)
+
     def kept_filters(self) -> np.ndarray:
         """The weights' filter transform U, made at the first call after `allocate` or
         `weights_changed` and kept (16 (n, c) matrices in a buffer of the layer's own)."""

@@ -71,7 +71,15 @@ WINOGRAD_MIN_CHANNELS = 16
 #: 31.3) and on 8x8 ones (16: shapes-tiny's 64 -> 128 layers 148 -> 95 µs, its forward 1.43 -> 1.03),
 #: and loses on 7x7 ones (9 whole of 16: cifar's 512-channel layers), alternating in one process
 #: on a 2-core Zen 4. Also at least WINOGRAD_KEPT_MIN_CHANNELS input channels: digits' 16 -> 32
-#: layer on 8x8 lost there (80 -> 90 µs the whole forward).
+#: layer on 8x8 lost there (80 -> 90 µs the whole forward). Only where the fused bands take the
+#: layer (`winograd_in_bands`): on the chunked path the 16 GEMMs are as narrow as the tiles (49 at
+#: 13x13), and the GEMM path's one GEMM (N = oh·ow) outran them since it runs split on numba's
+#: threads (darkpy/blas.py). Each layer within its network's forward at b1, processes alternating
+#: (2 threads, 2-core Zen 5 EPYC): darknet19's 256 -> 512 on 14x14 1.68-1.75 -> 1.26-1.42 ms,
+#: yolov4-tiny's on 13x13 1.69 -> 1.19 ms, yolov3-tiny's two 1.72-1.77 -> 1.26-1.38 ms; resnet50's
+#: 256 -> 256 on 14x14 (fused bands) stay: 0.38 against 0.73 ms on the GEMM path. True: the
+#: chunked path too, as before 2026-12-06.
+WINOGRAD_KEPT_CHUNKED = False
 WINOGRAD_KEPT_MIN_TILES = 16
 WINOGRAD_KEPT_MIN_CHANNELS = 32
 #: An inference forward on the Winograd or direct path applies bias or batch norm and the activation
@@ -389,7 +397,8 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         return tiles if (self.can_keep_filters and tiles < WINOGRAD_MIN_TILES
                          and not (DIRECT_FV and self._fv_applies(True, batch))
                          and whole >= WINOGRAD_KEPT_MIN_TILES
-                         and self.in_shape[0] >= WINOGRAD_KEPT_MIN_CHANNELS) else 0
+                         and self.in_shape[0] >= WINOGRAD_KEPT_MIN_CHANNELS
+                         and (WINOGRAD_KEPT_CHUNKED or self.winograd_in_bands(batch))) else 0
 
     def on_winograd_anyway(self, batch: int) -> bool:
         """Whether this batch puts an inferring layer on Winograd without a kept filter transform
