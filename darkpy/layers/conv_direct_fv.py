@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import blas
 from ..kernels import activations as act
 from ..kernels import direct_fv as fv
 from ..kernels import direct_fv_grad as fvg
-from ..kernels import im2col as ic
 from ..kernels.kernel_call import KeptCall
 
 #: The input gradient of a 1x1 stride-1 unpadded layer on this path is one GEMM per item, Wᵀ (c, n)
@@ -88,17 +86,9 @@ class DirectFvConv:
         fvg.weight_grad(self.weights.grad, x, d, self.stride_y, self.stride_x, self.padding)
         if prev is None:
             return
-        if self._fv_input_grad_by_gemm():
-            wt = self.weights.value.reshape(self.n, -1).T
-            d3 = d.reshape(self.batch, self.n, -1)
-            p3 = prev.reshape(self.batch, wt.shape[0], -1)
-            if fresh:
-                blas.matmul(wt, d3, out=p3)
-                return
-            ic.reserve(prev.size, self.dtype)
-            dx = ic.get(p3.shape, self.dtype)
-            blas.matmul(wt, d3, out=dx)
-            ic.add_into(prev.reshape(-1), dx.reshape(-1))
+        if self._fv_input_grad_by_gemm():           # the GEMM path's (layers/conv_gemm.py)
+            self._input_grad_stacked(d.reshape(self.batch, self.n, -1), prev,
+                                     self.weights.value.reshape(self.n, -1), fresh)
             return
         c = self.in_shape[0]
         self._wt_flipped = self.training_buffer(

@@ -104,13 +104,21 @@ class GemmConv:
         if pg is not None:
             self._input_grad_stacked(dg, pg, w)
 
-    def _input_grad_stacked(self, dg, pg, w) -> None:
-        """pg += the input gradient of one chunk and group: col2im(wᵀ @ dg), stacked per item."""
+    def _input_grad_stacked(self, dg, pg, w, fresh: bool = False) -> None:
+        """pg += the input gradient of one chunk and group: col2im(wᵀ @ dg), stacked per item; for
+        a 1x1 layer (its own column matrix) wᵀ @ dg itself, written into pg when `fresh` (pg the
+        whole previous delta, nothing in it yet)."""
         _, oh, ow = self.out_shape
         nb = dg.shape[0]
+        if fresh and self.is_gemm_only:
+            blas.matmul(w.T, dg, out=pg.reshape(nb, w.shape[1], -1))
+            return
+        ic.reserve(nb * self.col_shape[0] * self.col_shape[1], self.dtype)
         dcol = ic.get((nb, *self.col_shape), self.dtype)
         blas.matmul(w.T, dg, out=dcol)
-        if self.is_gemm_only:
+        if self.is_gemm_only and pg.flags.c_contiguous:
+            ic.add_into(pg.reshape(-1), dcol.reshape(-1))
+        elif self.is_gemm_only:
             pg += dcol.reshape(pg.shape)
         else:
             ic.col2im_add(pg, dcol, self.size, self.stride_y, self.stride_x,
