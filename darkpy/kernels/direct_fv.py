@@ -41,7 +41,7 @@ from numba import prange
 from . import PARALLEL_MIN, cpu, njit, simd, vjit
 from .activations import LEAKY, LINEAR, RELU
 from .bn import affine_act_row
-from .fv_tiles import FV, _jit, _serial, block_at, identity, run_tile
+from .fv_tiles import FV, _jit, _serial, block_at, run_tile
 from .kernel_call import KeptCall
 from .pool2x2 import max4v, no_pool, pools_first
 
@@ -352,7 +352,7 @@ def epilogue_on_tiles(itemsize, act):
 
 
 @_jit
-def _unit(y, src, item, wt, toff, tidx, pos, t, groups, runs, k, off, act, add, chunk_bytes,
+def _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_bytes,
           prefetch, p):
     """Unit t: item b = t // (groups·runs) (its planes at src[b·item:]), filters FV·(t // runs %
     groups)..., positions of run t % runs; its tiles scattered into y (B, N, S) (added to it with
@@ -390,7 +390,7 @@ def _unit(y, src, item, wt, toff, tidx, pos, t, groups, runs, k, off, act, add, 
             j = (p0 - p_lo) // pv
             pf = (ahead if j < spread else 0, spread, j)
             npos = min(pv, p_hi - p0)
-            run_tile(pv, npos, tile, src, b * item, wt, w0, toff, tidx, t0, t1, ch > 0, pos, p0,
+            run_tile(pv, npos, tile, src, b * item, wt, w0, toff, None, t0, t1, ch > 0, pos, p0,
                      pf)
             if ch < chunks - 1:
                 continue
@@ -425,12 +425,12 @@ def _pools_first(k, off, act, f0, nf):
 
 
 @_unit_jit
-def _units(y, src, item, wt, toff, tidx, pos, lo, hi, groups, runs, k, off, act, add, chunk_bytes,
+def _units(y, src, item, wt, toff, pos, lo, hi, groups, runs, k, off, act, add, chunk_bytes,
            prefetch, p):
     """Units lo..hi−1 (`_unit`): one call per thread, not per unit (as `direct._forward_units`,
     whose per-unit calls had cost digits' first layer at b64 7 % of its time)."""
     for t in range(lo, hi):
-        _unit(y, src, item, wt, toff, tidx, pos, t, groups, runs, k, off, act, add, chunk_bytes,
+        _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_bytes,
               prefetch, p)
 
 
@@ -451,7 +451,7 @@ def _forward_serial(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_b
             _pad_item(src, x, b, pad, plane // wp, wp)
     kp, op = _padded(kk, groups * FV), _padded(off, groups * FV)
     # int64, not Literal[int](0): a literal first unit compiled `_units` again for this twin
-    _units(y, src, C * plane, wt, toff, identity(toff.shape[0]), pos, np.int64(0),
+    _units(y, src, C * plane, wt, toff, pos, np.int64(0),
            B * groups * runs, groups, runs, kp, op, act, add, chunk_bytes, prefetch, p)
 
 
@@ -470,9 +470,8 @@ def _forward_parallel(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk
     kp, op = _padded(kk, groups * FV), _padded(off, groups * FV)
     units = B * groups * runs
     parts = min(threads, units)
-    tidx = identity(toff.shape[0])
     for i in prange(parts):     # as prange's own static split of the units
-        _units(y, src, C * plane, wt, toff, tidx, pos, i * units // parts,
+        _units(y, src, C * plane, wt, toff, pos, i * units // parts,
                (i + 1) * units // parts, groups, runs, kp, op, act, add, chunk_bytes, prefetch, p)
 
 
