@@ -155,9 +155,15 @@ def _run(yf, src, s0, d0, wt, taps, N, S, toff, tidx, t0, t1, pos, dst, lo, hi, 
     means), added to the sums of its item in the block (FV each)."""
     nf = min(FV, N - f0)
     w0 = block_at(f0, taps)
+    inside = t1 - t0 == taps        # every tap, in order: tidx[t] = t − t0
     for p0 in range(lo, hi, pv):
         npos = min(pv, end - p0)
-        run_tile(pv, npos, tile, src, s0, wt, w0, toff, tidx, t0, t1, False, pos, p0, NO_PREFETCH)
+        if inside:      # without the table (`fv_tiles._tap`), the weights from tap t0 on
+            run_tile(pv, npos, tile, src, s0, wt, w0 - t0 * FV, toff, None, t0, t1, False, pos, p0,
+                     NO_PREFETCH)
+        else:
+            run_tile(pv, npos, tile, src, s0, wt, w0, toff, tidx, t0, t1, False, pos, p0,
+                     NO_PREFETCH)
         if epilogue:
             _epilogue_tile(tile, npos, k, off, f0, act)
         for i in range(npos):
