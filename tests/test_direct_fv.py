@@ -344,8 +344,7 @@ def test_which_layers_take_it(monkeypatch):
     assert takes(c=1024, k=1, pad=0, h=7, batch=1)[0]
     assert not takes(c=512, k=1, pad=0, h=7, batch=2)[0] and not takes(c=128, h=9, batch=1)[0]
     # and a deep k x k layer (DEEP_MIN_TAPS), strided or with DEEP_MIN_FILTERS filters, in a batch
-    # of at most DEEP_MAX_POSITIONS positions, where the rule is on (DEEP: not on the CPUs where it
-    # lost)
+    # of at most DEEP_MAX_POSITIONS positions, where the rule is on (DEEP)
     assert (fv.DEEP_MIN_TAPS, fv.DEEP_MIN_FILTERS, fv.DEEP_MAX_POSITIONS) == (2048, 512, 256)
     monkeypatch.setattr(fv, "DEEP", False)
     assert not takes(c=512, n=512, h=9, batch=1)[0] and not takes(c=256, h=31, s=2, batch=1)[0]

@@ -38,7 +38,7 @@ import functools
 import numpy as np
 from numba import prange
 
-from . import PARALLEL_MIN, cpu, njit, simd, vjit
+from . import PARALLEL_MIN, njit, simd, vjit
 from .activations import LEAKY, LINEAR, RELU
 from .bn import affine_act_row
 from .fv_tiles import FV, _jit, _serial, block_at, run_tile
@@ -140,14 +140,12 @@ FEW_POSITIONS = 64
 DEEP_MIN_TAPS = 2048
 DEEP_MIN_FILTERS = 512
 DEEP_MAX_POSITIONS = 256
-#: ... except on the CPUs (kernels/cpu.py) where that lost to the other paths: on a 2-core Zen 5
-#: EPYC (OpenBLAS's GEMMs at ~500 GFLOP/s, where this kernel stays near 220) the whole forward at
-#: batch 1 with the rule off, processes alternating (2 threads, medians of 30-40 forwards):
-#: yolov3-tiny 0.78-0.83x the time (512 -> 1024 on 13x13 7.4 -> 4.3 ms, on the GEMM; its 256 ->
-#: 512 layers 1.9 -> 1.6 ms, on Winograd), darknet19 0.87x, yolov4-tiny 0.91-0.93x, resnet50
-#: 0.99x.
-DEEP_LOSES_ON = frozenset({"znver5"})
-DEEP = cpu.HOST_CPU not in DEEP_LOSES_ON
+#: On a 2-core Zen 5 EPYC (OpenBLAS's GEMMs at ~500 GFLOP/s) the rule lost while the microkernels
+#: spilled an accumulator at every tap (~220 GFLOP/s; `fv_tiles._tap`); since, the whole forward at
+#: batch 1 with the rule on against off, alternating in one process (2 threads, 4 rounds of 30):
+#: yolov3-tiny 0.87x the time (its 512 -> 1024 on 13x13 4.9 -> 3.3 ms), yolov4-tiny 0.87x,
+#: darknet19 0.93x, resnet50, darknet.cfg, tiny.cfg and cifar level. False: never.
+DEEP = True
 #: Most taps per filter of a layer that trains, in its forward and its input gradient: its GEMM and
 #: Winograd alternatives are short too (digits' 32 -> 64 on 4x4 at b32 ran Winograd on 128 tiles).
 #: Against MAX_TAPS, alternating in one process (2 threads, 2-core Xeon, AVX-512): digits' training

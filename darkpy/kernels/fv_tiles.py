@@ -5,8 +5,6 @@ loads of weights and a broadcast per position. `direct_fv.py` (padded planes),
 """
 from __future__ import annotations
 
-import numpy as np
-
 from . import njit, simd
 from .microgemm import fma2
 
