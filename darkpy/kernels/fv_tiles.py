@@ -82,10 +82,11 @@ def _tile6(out, src, s0, wt, w0, toff, tidx, t0, t1, acc, pos, p0, pf):
     """out[:6·FV] := (acc: +=) positions pos[p0:p0+6] x the FV filters whose `filters_last` block
     starts at wt[w0], over taps t0..t1−1, reading the item's (padded) planes at src[s0:]: tap t
     of position i is src[s0 + pos[p0+i] + toff[t]], its weights the block's tidx[t]-th (tidx[t] =
-    t but where a path leaves taps out: kernels/direct_fv_border.py; None: t). Continuing a sum from out adds the taps in
-    the same order as one pass would: the bits do not depend on the K chunks. pf = (ahead, every,
-    due): with `ahead`, every `every`-th tap from the `due`-th on also prefetches its weights
-    `ahead` values on (the next chunk's, `direct_fv._unit`); ahead 0: none."""
+    t but where a path leaves taps out: kernels/direct_fv_border.py; tidx None: t, `_tap`).
+    Continuing a sum from out adds the taps in the same order as one pass would: the bits do not
+    depend on the K chunks. pf = (ahead, every, due): with `ahead`, every `every`-th tap from the
+    `due`-th on also prefetches its weights `ahead` values on (the next chunk's,
+    `direct_fv._unit`); ahead 0: none."""
     b0, b1, b2, b3 = s0 + pos[p0], s0 + pos[p0 + 1], s0 + pos[p0 + 2], s0 + pos[p0 + 3]
     b4, b5 = s0 + pos[p0 + 4], s0 + pos[p0 + 5]
     z = simd.zero(wt)
