@@ -357,6 +357,16 @@ def test_which_layers_take_it(monkeypatch):
     assert not takes(c=227, n=512, h=16, batch=1)[0]    # 2043 taps
     assert not takes(c=512, n=512, h=17, batch=1)[0] and not takes(c=512, n=512, h=9, batch=4)[0]
     assert not takes(c=2048, n=512, k=1, pad=0, h=9, batch=1)[0]   # 1x1: the GEMM
+    # and a strided k x k layer of STRIDED_MIN_TAPS taps in a batch of at most
+    # STRIDED_MAX_POSITIONS positions, where DEEP
+    assert (fv.STRIDED_MIN_TAPS, fv.STRIDED_MAX_POSITIONS) == (1024, 1024)
+    assert takes(c=128, h=56, s=2, batch=1) == (True, False)       # 28x28, 1152 taps
+    assert not takes(c=113, h=56, s=2, batch=1)[0]                 # 1017 taps
+    assert not takes(c=128, h=56, s=2, batch=2)[0]                 # 1568 positions
+    assert not takes(c=128, h=28, batch=1)[0]                      # stride 1: not this rule
+    monkeypatch.setattr(fv, "DEEP", False)
+    assert not takes(c=128, h=56, s=2, batch=1)[0]
+    monkeypatch.setattr(fv, "DEEP", True)
     assert takes(h=1, k=1, pad=0) == (False, False)     # one position: a connected layer
     for extra in ("groups=2\n", "dilation=2\n"):
         text = CFG.format(batch=1, h=8, c=16, n=24, k=3, s=1, pad=1, bn=0, activation="leaky")

@@ -146,6 +146,12 @@ DEEP_MAX_POSITIONS = 256
 #: yolov3-tiny 0.87x the time (its 512 -> 1024 on 13x13 4.9 -> 3.3 ms), yolov4-tiny 0.87x,
 #: darknet19 0.93x, resnet50, darknet.cfg, tiny.cfg and cifar level. False: never.
 DEEP = True
+#: ... and, where DEEP, a strided k x k layer of at least STRIDED_MIN_TAPS taps per filter in a batch
+#: of at most STRIDED_MAX_POSITIONS output positions (a 28x28 or 32x32 map at batch 1), whose only
+#: other path is im2col and a GEMM: resnet50's 3x3 stride-2 128 -> 128 from 56x56 (1152 taps, 784
+#: positions) within the batch-1 forward 0.98 -> 0.61 ms (2 threads, 2-core Zen 5).
+STRIDED_MIN_TAPS = 1024
+STRIDED_MAX_POSITIONS = 1024
 #: Most taps per filter of a layer that trains, in its forward and its input gradient: its GEMM and
 #: Winograd alternatives are short too (digits' 32 -> 64 on 4x4 at b32 ran Winograd on 128 tiles).
 #: Against MAX_TAPS, alternating in one process (2 threads, 2-core Xeon, AVX-512): digits' training
@@ -167,6 +173,9 @@ def supports(c: int, n: int, k: int, groups: int, dilation: int, positions: int,
         return False
     if (DEEP and inference_only and k > 1 and c * k * k >= DEEP_MIN_TAPS
             and batch * positions <= DEEP_MAX_POSITIONS and (stride > 1 or n >= DEEP_MIN_FILTERS)):
+        return True
+    if (DEEP and inference_only and k > 1 and stride > 1 and c * k * k >= STRIDED_MIN_TAPS
+            and batch * positions <= STRIDED_MAX_POSITIONS):
         return True
     if positions > MAX_POSITIONS:
         return False
