@@ -149,7 +149,9 @@ DEEP = True
 #: ... and, where DEEP, a strided k x k layer of at least STRIDED_MIN_TAPS taps per filter in a batch
 #: of at most STRIDED_MAX_POSITIONS output positions (a 28x28 or 32x32 map at batch 1), whose only
 #: other path is im2col and a GEMM: resnet50's 3x3 stride-2 128 -> 128 from 56x56 (1152 taps, 784
-#: positions) within the batch-1 forward 0.98 -> 0.61 ms (2 threads, 2-core Zen 5).
+#: positions) within the batch-1 forward 0.98 -> 0.61 ms (2 threads, 2-core Zen 5). (It holds the
+#: strided layers of the DEEP rule above, whose own condition `supports` then checks for the
+#: stride-1 ones only.)
 STRIDED_MIN_TAPS = 1024
 STRIDED_MAX_POSITIONS = 1024
 #: Most taps per filter of a layer that trains, in its forward and its input gradient: its GEMM and
@@ -171,12 +173,12 @@ def supports(c: int, n: int, k: int, groups: int, dilation: int, positions: int,
     TRAINING_MAX_TAPS taps per filter of the forward (c·k·k) and of the input gradient (n·k·k)."""
     if not (groups == 1 and dilation == 1 and MIN_POSITIONS <= positions):
         return False
-    if (DEEP and inference_only and k > 1 and c * k * k >= DEEP_MIN_TAPS
-            and batch * positions <= DEEP_MAX_POSITIONS and (stride > 1 or n >= DEEP_MIN_FILTERS)):
-        return True
-    if (DEEP and inference_only and k > 1 and stride > 1 and c * k * k >= STRIDED_MIN_TAPS
-            and batch * positions <= STRIDED_MAX_POSITIONS):
-        return True
+    if DEEP and inference_only and k > 1:
+        taps, total = c * k * k, batch * positions
+        if stride > 1 and taps >= STRIDED_MIN_TAPS and total <= STRIDED_MAX_POSITIONS:
+            return True
+        if taps >= DEEP_MIN_TAPS and total <= DEEP_MAX_POSITIONS and n >= DEEP_MIN_FILTERS:
+            return True
     if positions > MAX_POSITIONS:
         return False
     if inference_only:
