@@ -33,6 +33,7 @@ from numba.extending import overload
 
 from . import PARALLEL_MIN, njit, simd, vjit
 from .epilogue import affine_act_rows_into
+from .borrow import borrowed, keep
 from .kernel_call import KeptCall
 from .pool2x2 import epilogue_pool_flat, no_pool
 
@@ -541,10 +542,15 @@ def _literal(kind):
 def _forward_units(y, x, w, sy, sx, pad, rows, k, off, act, p, lo, hi, kind):
     """Units lo..hi−1 of `conv_forward` (row blocks, t // nblk the item), with their scratch."""
     lw, nblk, npf, nacc = _forward_plan(y, w, sy, sx, rows)
-    pf = _planes(y, npf)
-    acc = np.empty(nacc, y.dtype)
+    planes = _planes(y, npf)
+    sums = np.empty(nacc, y.dtype)
+    pf, acc = borrowed(planes), borrowed(sums)
+    y, x, w, p = borrowed(y), borrowed(x), borrowed(w), borrowed(p)
+    k, off = borrowed(k), borrowed(off)
     for t in range(lo, hi):
         _forward_unit(y, x, w, pf, acc, t, nblk, sy, sx, pad, rows, lw, k, off, act, p, kind)
+    keep(planes)
+    keep(sums)
 
 
 #: The kinds of forward, each compiled only when a layer of that kind runs (`twins`): 3x3 kernels

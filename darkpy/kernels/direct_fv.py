@@ -41,6 +41,7 @@ from numba import prange
 from . import PARALLEL_MIN, njit, simd, vjit
 from .activations import LEAKY, LINEAR, RELU
 from .bn import affine_act_row
+from .borrow import borrowed
 from .fv_tiles import FV, _jit, _serial, block_at, run_tile
 from .kernel_call import KeptCall
 from .pool2x2 import max4v, no_pool, pools_first
@@ -437,7 +438,10 @@ def _pools_first(k, off, act, f0, nf):
 def _units(y, src, item, wt, toff, pos, lo, hi, groups, runs, k, off, act, add, chunk_bytes,
            prefetch, p):
     """Units lo..hi−1 (`_unit`): one call per thread, not per unit (as `direct._forward_units`,
-    whose per-unit calls had cost digits' first layer at b64 7 % of its time)."""
+    whose per-unit calls had cost digits' first layer at b64 7 % of its time). Its arrays are its
+    caller's, borrowed (kernels/borrow.py): the units' views of them count no references."""
+    y, src, wt, toff, pos = borrowed(y), borrowed(src), borrowed(wt), borrowed(toff), borrowed(pos)
+    k, off, p = borrowed(k), borrowed(off), borrowed(p)
     for t in range(lo, hi):
         _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_bytes,
               prefetch, p)
@@ -449,6 +453,8 @@ def _units(y, src, item, wt, toff, pos, lo, hi, groups, runs, k, off, act, add, 
 @njit(cache=True, nogil=True, fastmath={"contract"})
 def _forward_serial(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_bytes, prefetch,
                     p, threads):
+    y, x, wt, p = borrowed(y), borrowed(x), borrowed(wt), borrowed(p)
+    kk, off = borrowed(kk), borrowed(off)
     plane, wp, toff, pos = _tables(x, k, sy, sx, pad, oh, ow)
     B, C = x.shape[0], x.shape[1]
     groups, runs = y.shape[1] // FV + (y.shape[1] % FV > 0), -(-y.shape[2] // UNIT_POSITIONS)
@@ -467,6 +473,8 @@ def _forward_serial(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_b
 @njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
 def _forward_parallel(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_bytes,
                       prefetch, p, threads):
+    y, x, wt, p = borrowed(y), borrowed(x), borrowed(wt), borrowed(p)
+    kk, off = borrowed(kk), borrowed(off)
     plane, wp, toff, pos = _tables(x, k, sy, sx, pad, oh, ow)
     B, C = x.shape[0], x.shape[1]
     groups, runs = y.shape[1] // FV + (y.shape[1] % FV > 0), -(-y.shape[2] // UNIT_POSITIONS)
