@@ -35,7 +35,7 @@ from .memory import shapes_only as _shapes_only
 from .netconfig import KNOWN_NET_KEYS, POLICIES, NetConfig  # noqa: F401  (re-exported)
 from .optim import clip_global_norm, current_rate, sum_squares, update_params
 from .snapshot import restore, snapshot
-from .threadplan import ThreadPlans
+from .threadplan import ThreadPlan, ThreadPlans, forward_runs
 
 @dataclass
 class BuildContext:
@@ -183,6 +183,7 @@ class Network:
         self.shapes_only = shapes_only
         with _shapes_only(shapes_only):
             self.config, self.layers = build_layers(doc, self.dtype)
+        self._cost_layers = [layer for layer in self.layers if layer.has_cost]
         self.seen = 0
         self.updates = 0                    # number of update() calls (Adam's t, lr schedule)
         self.grad_norm = float("nan")        # global L2 norm of the last update's gradient (clip_norm)
@@ -417,7 +418,8 @@ class Network:
                 row = int(np.argwhere(bad.reshape(n, -1))[0][0])
                 raise StateError(f"truth has {int(bad.sum())} non-finite values (NaN/inf), the first in "
                                  f"item {row}; nothing was run")
-        np.copyto(self.input, x.reshape(self.input.shape), casting="same_kind")
+        # (x's dtype is a float, checked above: a plain copy casts as casting="same_kind" would)
+        self.input[...] = x if x.shape == self.input.shape else x.reshape(self.input.shape)
         if truth is not None:
             np.copyto(self.truth, truth.reshape(self.truth.shape), casting="unsafe")
         t = self.truth if truth is not None else None
@@ -434,14 +436,18 @@ class Network:
             self.seen += self.batch
         s = self._state(self.input, t, train)
         layers = self.layers
-
-        def step(i: int) -> None:
-            layer = layers[i]
-            layer.forward(s)
-            if layer.has_cost and t is None:
-                layer.clear_cost()
-            s.input = layer.output
-        self._run_layers(("forward", train), range(len(layers)), step)
+        plan = self._plan(("forward", train))
+        runs = plan.runs(layers) if plan is not None else None
+        if runs is not None:
+            forward_runs(runs, plan.threads, s, t is None)
+        else:
+            def step(i: int) -> None:
+                layer = layers[i]
+                layer.forward(s)
+                if layer.has_cost and t is None:
+                    layer.clear_cost()
+                s.input = layer.output
+            self._run_layers(plan, range(len(layers)), step)
         self._ready_for_backward = train and truth is not None
         self._compute_cost()
         return self.output
@@ -459,7 +465,7 @@ class Network:
         return self.forward(x, None, train=False).copy()
 
     def _compute_cost(self) -> None:
-        costs = [(l.cost, l.batch * l.outputs) for l in self.layers if l.has_cost and l.cost is not None]
+        costs = [(l.cost, l.batch * l.outputs) for l in self._cost_layers if l.cost is not None]
         if not costs:
             self.cost = self.cost_mean = None
             return
@@ -491,12 +497,17 @@ class Network:
                 s.input, s.delta = self.input, None
             layer.backward(s)
             return False
-        self._run_layers(("backward",), range(len(layers) - 1, -1, -1), step)
+        self._run_layers(self._plan(("backward",)), range(len(layers) - 1, -1, -1), step)
 
-    def _run_layers(self, kind: tuple, order: range, step) -> None:
-        """`step(i)` for the layers in `order` until one returns True, each on the thread count its
-        ThreadPlan chose for this kind of pass at this batch and input size (darkpy/threadplan.py)."""
-        plan = self.thread_plans.plan((*kind, self.batch, self._input_shape), len(self.layers))
+    def _plan(self, kind: tuple) -> ThreadPlan | None:
+        """The ThreadPlan of this kind of pass at this batch and input size (darkpy/threadplan.py);
+        None on one thread."""
+        return self.thread_plans.plan((*kind, self.batch, self._input_shape), len(self.layers))
+
+    @staticmethod
+    def _run_layers(plan: ThreadPlan | None, order: range, step) -> None:
+        """`step(i)` for the layers in `order` until one returns True, each on the thread count
+        `plan` chose (all threads without one)."""
         if plan is not None:
             plan.run(order, step)
             return

@@ -55,11 +55,21 @@ LONG_PASS_S = 0.05
 #: ~10 % of each other, and choosing them by a plain comparison changed whole passes by ±10 % from
 #: one process to the next; the small networks' layers gain 1.5-3x on one thread).
 ONE_THREAD_BELOW = 0.9
+#: ... and only when it gains more than SWITCH_S seconds there: moving a layer to one thread costs
+#: a switch to one and back (0.5 µs for the pair on the Zen 5 VM, `switch_threads`), so a layer of
+#: a few microseconds (a small network's softmax at batch 1) whose two times differ by noise alone
+#: stays where it is.
+SWITCH_S = 1e-6
 #: Most rounds of checking the choice in place (each of SAMPLES passes; see the module docstring).
 CHECK_ROUNDS = 2
 
 
-def _switch(n: int) -> None:
+def _moves(many: float, one: float) -> bool:
+    """Whether a layer that took `many` seconds on all threads and `one` on one thread moves to one."""
+    return one < ONE_THREAD_BELOW * many and many - one > SWITCH_S
+
+
+def switch_threads(n: int) -> None:
     """numba.set_num_threads(n) for a count already checked (1, or the count the plan was made at):
     numba's own C setter, set once its thread pool is up (it always is here: the plan's first pass
     set the count through the public function), without the public one's checks (1.9 against 0.5 µs
@@ -88,6 +98,25 @@ class ThreadPlan:
         #: passes left checking the choice in place, and each layer's best time there
         self.checks = SAMPLES * CHECK_ROUNDS
         self.placed = [float("inf")] * layers
+        #: (items, their runs) of the last `runs` call
+        self._runs: tuple[Sequence, list] | None = None
+
+    def runs(self, items: Sequence) -> list[tuple[int, list]] | None:
+        """Once the choice is settled (made, and no check left): `items` (one per layer, in layer
+        order) cut into runs of consecutive layers on the same thread count, as (threads, the
+        run's items), for a caller that runs them in its own loop (Network.forward); None before.
+        Made once per `items` list."""
+        if self.choice is None or self.checks:
+            return None
+        if self._runs is None or self._runs[0] is not items:
+            runs: list[tuple[int, list]] = []
+            for item, n in zip(items, self.choice):
+                if runs and runs[-1][0] == n:
+                    runs[-1][1].append(item)
+                else:
+                    runs.append((n, [item]))
+            self._runs = (items, runs)
+        return self._runs[1]
 
     def run(self, order: Sequence[int], step: Callable[[int], bool | None]) -> None:
         """`step(i)` for each layer index of `order` (stopping when it returns True), each on its
@@ -112,7 +141,7 @@ class ThreadPlan:
             for i in order:
                 want = self.choice[i]
                 if want != current:
-                    _switch(want)
+                    switch_threads(want)
                     current = want
                 if best is None:
                     if step(i):
@@ -125,7 +154,7 @@ class ThreadPlan:
                     return
         finally:
             if current != self.threads:
-                _switch(self.threads)
+                switch_threads(self.threads)
 
     def _check(self) -> None:
         """After a pass checking the choice in place: at the end of a round, the layers on all
@@ -137,7 +166,7 @@ class ThreadPlan:
         moved = False
         for i, (n, placed, one) in enumerate(zip(self.choice, self.placed, self.best[1])):
             # (a layer no checking pass reached, after a step that stopped early, stays)
-            if n > 1 and placed < float("inf") and one < ONE_THREAD_BELOW * placed:
+            if n > 1 and placed < float("inf") and _moves(placed, one):
                 self.choice[i] = 1
                 moved = True
         self.placed = [float("inf")] * len(self.placed)
@@ -165,8 +194,30 @@ class ThreadPlan:
             self.samples = SAMPLES_LONG
             self.checks = SAMPLES_LONG * CHECK_ROUNDS
         if self.passes > 2 * self.samples:
-            self.choice = [1 if one < ONE_THREAD_BELOW * many else self.threads
+            self.choice = [1 if _moves(many, one) else self.threads
                            for many, one in zip(*self.best)]
+
+
+def forward_runs(runs: list, threads: int, s, clear_costs: bool) -> None:
+    """The layers' forwards (each `layer.forward(s)`, then `s.input` its output; with
+    `clear_costs`, a cost layer's cost cleared) in a settled plan's runs (`ThreadPlan.runs`), each
+    run on its thread count, numba's count `threads` again afterwards, even on an error: the loop
+    of Network.forward without a call around each layer's (`ThreadPlan.run`'s step: a small
+    network at batch 1 spent ~0.1 µs a layer there)."""
+    current = threads
+    try:
+        for n, run in runs:
+            if n != current:
+                switch_threads(n)
+                current = n
+            for layer in run:
+                layer.forward(s)
+                if clear_costs and layer.has_cost:
+                    layer.clear_cost()
+                s.input = layer.output
+    finally:
+        if current != threads:
+            switch_threads(threads)
 
 
 class ThreadPlans:

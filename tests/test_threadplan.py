@@ -10,7 +10,7 @@ from conftest import ROOT
 
 from darkpy.network import load_network, network_from_text
 from darkpy.threadplan import (CHECK_ROUNDS, LONG_PASS_S, ONE_THREAD_BELOW, SAMPLES, SAMPLES_LONG,
-                               ThreadPlan)
+                               SWITCH_S, ThreadPlan, forward_runs)
 
 pytestmark = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
                                 reason="needs 2 numba threads (NUMBA_NUM_THREADS < 2 on this machine)")
@@ -133,6 +133,54 @@ def test_plan_puts_threads_back_when_a_layer_raises():
         raise ValueError("layer failed")
     with pytest.raises(ValueError):
         plan.run(range(2), boom)
+    assert numba.get_num_threads() == 2
+
+
+def test_a_layer_moves_to_one_thread_only_when_it_gains_more_than_a_switch():
+    # in microseconds: layer 0 is 25 % faster on one thread but by less than a switch costs; layer
+    # 1 by 3 µs; layer 2 by more than SWITCH_S but not below ONE_THREAD_BELOW of its time
+    costs = {0: (2.0, 1.5), 1: (5.0, 2.0), 2: (100.0, 95.0)}
+    clock = FakeClock({i: (a * 1e-6, b * 1e-6) for i, (a, b) in costs.items()})
+    plan = ThreadPlan(3, 2, clock=clock)
+    while plan.choice is None:
+        plan.run(range(3), clock.step)
+    assert 0.5e-6 < SWITCH_S < 3e-6 and ONE_THREAD_BELOW * 100.0 < 95.0
+    assert plan.choice == [2, 1, 2]
+
+
+def test_runs_cut_a_settled_choice_into_runs_on_one_thread_count():
+    plan = ThreadPlan(5, 2)
+    items = ["a", "b", "c", "d", "e"]
+    assert plan.runs(items) is None                       # still measuring
+    plan.choice = [1, 2, 2, 1, 1]
+    assert plan.checks and plan.runs(items) is None       # still checking the choice in place
+    plan.checks = 0
+    assert plan.runs(items) == [(1, ["a"]), (2, ["b", "c"]), (1, ["d", "e"])]
+    assert plan.runs(items) is plan.runs(items)           # made once per list
+
+
+class _Layer:
+    has_cost = False
+
+    def __init__(self, seen, fail=False):
+        self.seen, self.fail, self.output = seen, fail, object()
+
+    def forward(self, s):
+        self.seen.append((self, numba.get_num_threads(), s.input))
+        if self.fail:
+            raise ValueError("layer failed")
+
+
+def test_forward_runs_chains_outputs_on_each_runs_threads_and_puts_the_count_back():
+    class S:
+        input = "x"
+    seen = []
+    a, b, c = _Layer(seen), _Layer(seen), _Layer(seen)
+    forward_runs([(2, [a]), (1, [b, c])], 2, S, clear_costs=True)
+    assert seen == [(a, 2, "x"), (b, 1, a.output), (c, 1, b.output)]
+    assert numba.get_num_threads() == 2 and S.input is c.output
+    with pytest.raises(ValueError):
+        forward_runs([(1, [_Layer(seen, fail=True)])], 2, S, clear_costs=True)
     assert numba.get_num_threads() == 2
 
 

@@ -53,7 +53,7 @@ class Param:
     state: dict[str, Any] = field(default_factory=dict)   # optimiser state (Adam moments)
 
 
-@dataclass
+@dataclass(slots=True)
 class State:
     """What a layer sees during forward/backward (Darknet's `network` struct, reduced)."""
 
