@@ -105,8 +105,21 @@ def test_parallel_branch_equals_reference(stride, k):
     assert np.abs(dw - g).max() <= 1e-5 * np.abs(g).max()
 
 
+def test_an_odd_batch_gets_an_even_count_of_equal_blocks_where_one_fits():
+    # tiny.cfg's 56x56 maps at b1: 17 rows a block (17, 17, 17, 5: 34 against 22 rows per thread)
+    # become 14; an even batch splits whole items, so it keeps its blocks; a fused pool wants even
+    # rows; no size from the rows down to MIN_FORWARD_ROWS cuts 104 rows into an even count
+    assert dk.block_rows(56, 56, 3, 1) == 17 and dk.forward_rows(1, 56, 56, 3, 1) == 14
+    assert dk.forward_rows(3, 56, 56, 3, 1) == 14 and dk.forward_rows(2, 56, 56, 3, 1) == 17
+    assert dk.balanced_rows(1, 64, 14, even=True) == 8          # shapes-tiny's pooled 64x64
+    assert dk.balanced_rows(1, 60, 15, even=False) == 15        # 4 blocks of 15 already
+    assert dk.balanced_rows(1, 60, 15, even=True) == 10         # 6 blocks of 10
+    assert dk.balanced_rows(1, 104, 8, even=False) == 8         # 13 blocks: nothing better fits
+    assert dk.MIN_FORWARD_ROWS == 8
+
+
 @pytest.mark.parametrize("shape", [(1, 32, 16, 16, 64, 1), (1, 16, 32, 32, 32, 1), (1, 3, 128, 128, 16, 2),
-                                   (2, 16, 32, 32, 8, 1), (1, 16, 8, 8, 32, 1)])
+                                   (2, 16, 32, 32, 8, 1), (1, 16, 8, 8, 32, 1), (1, 16, 56, 56, 16, 1)])
 def test_forward_rows_change_no_value(shape):
     """A small batch's forward splits into at least FORWARD_UNITS blocks where its rows allow it,
     and, also with the fused maxpool, gives the same bits as with the weight gradient's blocks
@@ -120,6 +133,7 @@ def test_forward_rows_change_no_value(shape):
     rows = dk.forward_rows(B, oh, ow, 3, s)
     units = B * -(-oh // rows)
     assert units >= dk.FORWARD_UNITS or rows in (oh, dk.MIN_FORWARD_ROWS)
+    assert rows == dk.forward_rows(B, oh, ow, 3, s, even=True)      # (all of these are even)
     assert rows <= dk.block_rows(oh, ow, 3, s)
     k, off = rng.random(N) + 0.5, rng.standard_normal(N)
     for pool in (None, np.full((B, N, oh // 2, ow // 2), np.nan, np.float32)):

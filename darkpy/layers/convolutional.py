@@ -477,7 +477,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         elif self.direct:
             call = KeptCall(*dk.forward_call(
                 y, x, self.weights.value, self.stride_y, self.stride_x, self.padding,
-                dk.forward_rows(self.batch, oh, ow, self.size, self.stride_x),
+                dk.forward_rows(self.batch, oh, ow, self.size, self.stride_x, even=pool is not None),
                 *self._epilogue(s.train), pool=pool))
             call()
             self._keep_call(s, call)
