@@ -336,17 +336,24 @@ def test_which_layers_take_it(monkeypatch):
     assert takes(c=33) == (False, True)             # 297 taps: too many to infer, not to train
     assert takes(c=289, k=1, pad=0) == (False, True)
     assert takes(c=65) == (False, False)            # 585 taps
-    assert takes(c=577, k=1, pad=0) == (False, False)
+    assert takes(c=577, k=1, pad=0, batch=5) == (False, False)    # (batch 3: the 1x1 rule below)
     assert takes(h=9) == (False, False)             # 81 positions
     # past MAX_TAPS an inferring batch of at most FEW_POSITIONS output positions takes it anyway
     assert fv.FEW_POSITIONS == 64
     assert takes(c=512, h=7, batch=1) == (True, False) and takes(c=512, h=8, batch=1)[0]
     assert takes(c=1024, k=1, pad=0, h=7, batch=1)[0]
-    assert not takes(c=512, k=1, pad=0, h=7, batch=2)[0] and not takes(c=128, h=9, batch=1)[0]
+    assert not takes(c=512, k=1, pad=0, h=7, batch=6)[0] and not takes(c=128, h=9, batch=1)[0]
     # and a deep k x k layer (DEEP_MIN_TAPS), strided or with DEEP_MIN_FILTERS filters, in a batch
     # of at most DEEP_MAX_POSITIONS positions, where the rule is on (DEEP)
     assert (fv.DEEP_MIN_TAPS, fv.DEEP_MIN_FILTERS, fv.DEEP_MAX_POSITIONS) == (2048, 512, 256)
+    # and a 1x1 layer of at least DEEP_1X1_MIN_CHANNELS channels in such a batch
+    assert fv.DEEP_1X1_MIN_CHANNELS == 512
+    assert takes(c=512, k=1, pad=0, h=16, batch=1) == (True, False)
+    assert not takes(c=511, k=1, pad=0, h=16, batch=1)[0]
+    assert not takes(c=512, k=1, pad=0, h=17, batch=1)[0]
+    assert not takes(c=512, k=1, pad=0, h=16, batch=2)[0]
     monkeypatch.setattr(fv, "DEEP", False)
+    assert not takes(c=512, k=1, pad=0, h=16, batch=1)[0]
     assert not takes(c=512, n=512, h=9, batch=1)[0] and not takes(c=256, h=31, s=2, batch=1)[0]
     assert takes(c=512, h=7, batch=1)[0]                # FEW_POSITIONS still holds
     monkeypatch.setattr(fv, "DEEP", True)
@@ -356,7 +363,7 @@ def test_which_layers_take_it(monkeypatch):
     assert not takes(c=256, n=511, h=13, batch=1)[0]    # fewer filters, stride 1
     assert not takes(c=227, n=512, h=16, batch=1)[0]    # 2043 taps
     assert not takes(c=512, n=512, h=17, batch=1)[0] and not takes(c=512, n=512, h=9, batch=4)[0]
-    assert not takes(c=2048, n=512, k=1, pad=0, h=9, batch=1)[0]   # 1x1: the GEMM
+    assert takes(c=2048, n=512, k=1, pad=0, h=9, batch=1)[0]      # 1x1: DEEP_1X1_MIN_CHANNELS
     # and a strided k x k layer of STRIDED_MIN_TAPS taps in a batch of at most
     # STRIDED_MAX_POSITIONS positions, where DEEP
     assert (fv.STRIDED_MIN_TAPS, fv.STRIDED_MAX_POSITIONS) == (1024, 1024)

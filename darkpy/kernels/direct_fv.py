@@ -155,6 +155,17 @@ DEEP = True
 #: stride-1 ones only.)
 STRIDED_MIN_TAPS = 1024
 STRIDED_MAX_POSITIONS = 1024
+#: ... and, where DEEP, a 1x1 layer of at least DEEP_1X1_MIN_CHANNELS input channels in a batch of
+#: at most DEEP_MAX_POSITIONS output positions, whose other path is a thin GEMM (169-196 columns).
+#: Lost on the Xeon while the microkernels spilled (above); since, each layer within the batch-1
+#: forward (2 threads, 2-core Zen 5, the rule on against off in one process, 10-16 rounds):
+#: yolov3-tiny's 1024 -> 256 and 512 -> 255 on 13x13 0.45-0.54 -> 0.30-0.35 and 0.24-0.27 ->
+#: 0.15-0.17 ms (its forward 0.985-0.999x), yolov4-tiny's two 512 -> 256/255 0.20 -> 0.16 ms (0.99x),
+#: tiny.cfg's 512 -> 64 and 512 -> 128 on 14x14 0.067 -> 0.043 and 0.097 -> 0.084 ms (0.97x),
+#: darknet19's two 512 -> 256 on 14x14 0.23/0.20 -> 0.15/0.14 ms (0.98x); resnet50's 1024 -> 256
+#: on 14x14 0.33 -> 0.31-0.32 ms (its forward level). 256 channels lost (resnet50's 256 -> 1024 on
+#: 14x14 0.32 -> 0.40 ms).
+DEEP_1X1_MIN_CHANNELS = 512
 #: Most taps per filter of a layer that trains, in its forward and its input gradient: its GEMM and
 #: Winograd alternatives are short too (digits' 32 -> 64 on 4x4 at b32 ran Winograd on 128 tiles).
 #: Against MAX_TAPS, alternating in one process (2 threads, 2-core Xeon, AVX-512): digits' training
@@ -168,17 +179,21 @@ def supports(c: int, n: int, k: int, groups: int, dilation: int, positions: int,
     """Layers this path takes: ungrouped and undilated, with MIN_POSITIONS to MAX_POSITIONS output
     positions per item; in a network that will only infer, with at most MAX_TAPS taps per filter (c
     input channels, k x k), or any number in a batch of at most FEW_POSITIONS output positions, and
-    (where DEEP) a k x k layer of at least DEEP_MIN_TAPS taps, strided or of at least
-    DEEP_MIN_FILTERS filters, in a batch of at most DEEP_MAX_POSITIONS whatever its map; in one
-    that trains (with TRAINING), at stride 1 with padding at most k − 1 and at most
+    (where DEEP) whatever its map, in a batch of at most DEEP_MAX_POSITIONS output positions a
+    k x k layer of at least DEEP_MIN_TAPS taps and DEEP_MIN_FILTERS filters or a 1x1 layer of at
+    least DEEP_1X1_MIN_CHANNELS channels, in one of at most STRIDED_MAX_POSITIONS a strided k x k
+    layer of at least STRIDED_MIN_TAPS taps; in one that trains (with TRAINING), at stride 1 with padding at most k − 1 and at most
     TRAINING_MAX_TAPS taps per filter of the forward (c·k·k) and of the input gradient (n·k·k)."""
     if not (groups == 1 and dilation == 1 and MIN_POSITIONS <= positions):
         return False
-    if DEEP and inference_only and k > 1:
+    if DEEP and inference_only:
         taps, total = c * k * k, batch * positions
-        if stride > 1 and taps >= STRIDED_MIN_TAPS and total <= STRIDED_MAX_POSITIONS:
+        if k == 1 and c >= DEEP_1X1_MIN_CHANNELS and total <= DEEP_MAX_POSITIONS:
             return True
-        if taps >= DEEP_MIN_TAPS and total <= DEEP_MAX_POSITIONS and n >= DEEP_MIN_FILTERS:
+        if k > 1 and stride > 1 and taps >= STRIDED_MIN_TAPS and total <= STRIDED_MAX_POSITIONS:
+            return True
+        if (k > 1 and taps >= DEEP_MIN_TAPS and total <= DEEP_MAX_POSITIONS
+                and n >= DEEP_MIN_FILTERS):
             return True
     if positions > MAX_POSITIONS:
         return False
