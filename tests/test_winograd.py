@@ -191,12 +191,16 @@ def test_fused_path_rule(monkeypatch):
     (where the chunked GEMMs are narrow), or in any batch on the CPUs where that won, and while U
     is small enough for every band to read."""
     monkeypatch.setattr(cw, "FUSED_WIDE_MAX_TILES", 1024)
+    monkeypatch.setattr(cw, "FUSED_WIDE_MAX_WEIGHTS", 256 * 256)
     assert cw._fused(64, 128, 64, 64) and not cw._fused(64, 128, 16, 128)
     assert cw._fused(128, 128, 196, 1) and cw._fused(256, 256, 49, 1) and cw._fused(64, 128, 16, 64)
     assert not cw._fused(128, 128, 196, 64) and not cw._fused(384, 256, 169, 1)
     monkeypatch.setattr(cw, "FUSED_WIDE_MAX_TILES", None)
     assert cw._fused(128, 128, 196, 64) and cw._fused(256, 256, 49, 1024)
     assert cw._fused(64, 128, 16, 128) and not cw._fused(384, 256, 169, 1)
+    monkeypatch.setattr(cw, "FUSED_WIDE_MAX_WEIGHTS", cw.FUSED_WIDER_MAX_WEIGHTS)    # as on Zen 5
+    assert cw._fused(384, 256, 169, 1) and cw._fused(384, 256, 169, 64)
+    assert not cw._fused(512, 256, 169, 1) and not cw._fused(384, 257, 169, 1)
 
 
 @pytest.mark.parametrize("name, any_batch", [("znver5", True), ("sapphirerapids", False),
@@ -207,11 +211,11 @@ def test_cpu_dependent_rules(name, any_batch):
     importing compiles nothing."""
     code = ("import darkpy.kernels.cpu as c, darkpy.kernels.direct_fv as fv, "
             "darkpy.layers.conv_winograd as cw; "
-            "print(c.HOST_CPU, fv.DEEP, cw.FUSED_WIDE_MAX_TILES is None)")
+            "print(c.HOST_CPU, fv.DEEP, cw.FUSED_WIDE_MAX_TILES is None, cw.FUSED_WIDE_MAX_WEIGHTS)")
     env = dict(os.environ, NUMBA_CPU_NAME=name)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout.split()
-    assert out == [name, "True", str(any_batch)]
+    assert out == [name, "True", str(any_batch), str(384 * 256 if any_batch else 256 * 256)]
 
 
 CFG = """[net]

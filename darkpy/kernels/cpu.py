@@ -8,7 +8,8 @@ measured on. One did not, measured on two 2-core AVX-512 VMs, 2 threads:
 - a 2-core AMD EPYC (family 26, model 2: Zen 5, LLVM's `znver5`), the same kernels at 490-540.
 
 On Zen 5, darkpy's own register-blocked Winograd microkernel outran OpenBLAS's GEMMs at every batch
-(`layers/conv_winograd.py`, FUSED_WIDE_ANY_BATCH_ON); on the Xeon the GEMMs won at large batches.
+(`layers/conv_winograd.py`, FUSED_WIDE_ANY_BATCH_ON), and on layers up to 384 -> 256 channels
+(FUSED_WIDER_MAX_WEIGHTS); on the Xeon the GEMMs won at large batches and on 384 -> 256.
 (A second rule, deep layers at batch 1 on the direct kernel across filters, lost on Zen 5 only
 while that kernel's microkernels spilled an accumulator at every tap; it now holds there too:
 `kernels/direct_fv.py`, DEEP.) Each such rule names the CPUs it was measured on; a CPU not named

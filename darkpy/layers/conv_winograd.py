@@ -91,8 +91,15 @@ FUSED_WIDE_MAX_TILES = 1024
 #: shapes-tiny level, darknet.cfg 1.03x (one run); training steps of cifar at b128 0.87x,
 #: darknet19 at b16 0.92x, digits at b32 0.98x. A wider limit (512 -> 512, cifar at b64) was level.
 FUSED_WIDE_ANY_BATCH_ON = frozenset({"znver5"})
+#: ... and there up to FUSED_WIDER_MAX_WEIGHTS values per ξ (384 -> 256), which lost on the Xeon.
+#: Zen 5, each side's network made anew in one process (`benchmarks.step_time --ab-setting`, 2
+#: threads): yolov3-tiny b1 0.979x the time (its 384 -> 256 on 26x26 2.82-2.91 -> 2.26-2.34 ms
+#: within the forward; ONNX Runtime's node 2.41), yolov4-tiny b1 0.969x; at b64 0.992x and 0.980x.
+#: Those two are the suite's only layers it moves.
+FUSED_WIDER_MAX_WEIGHTS = 384 * 256
 if cpu.HOST_CPU in FUSED_WIDE_ANY_BATCH_ON:
     FUSED_WIDE_MAX_TILES = None
+    FUSED_WIDE_MAX_WEIGHTS = FUSED_WIDER_MAX_WEIGHTS
 #: The training forward that keeps V for the weight gradient takes the fused bands too, each band
 #: writing its V straight into the kept buffer (in the chunked layout; the products read it from
 #: there). Alternating in one process (2 threads, 2-core AVX-512 Xeon): shapes-tiny's training
