@@ -32,8 +32,8 @@ from numba import prange, types
 from numba.extending import overload
 
 from . import PARALLEL_MIN, njit, simd, vjit
-from .epilogue import affine_act_rows_into
 from .borrow import borrowed, keep
+from .epilogue import affine_act_rows_into
 from .kernel_call import KeptCall
 from .pool2x2 import epilogue_pool_flat, no_pool
 

@@ -182,8 +182,9 @@ def supports(c: int, n: int, k: int, groups: int, dilation: int, positions: int,
     (where DEEP) whatever its map, in a batch of at most DEEP_MAX_POSITIONS output positions a
     k x k layer of at least DEEP_MIN_TAPS taps and DEEP_MIN_FILTERS filters or a 1x1 layer of at
     least DEEP_1X1_MIN_CHANNELS channels, in one of at most STRIDED_MAX_POSITIONS a strided k x k
-    layer of at least STRIDED_MIN_TAPS taps; in one that trains (with TRAINING), at stride 1 with padding at most k − 1 and at most
-    TRAINING_MAX_TAPS taps per filter of the forward (c·k·k) and of the input gradient (n·k·k)."""
+    layer of at least STRIDED_MIN_TAPS taps; in one that trains (with TRAINING), at stride 1 with
+    padding at most k − 1 and at most TRAINING_MAX_TAPS taps per filter of the forward (c·k·k) and
+    of the input gradient (n·k·k)."""
     if not (groups == 1 and dilation == 1 and MIN_POSITIONS <= positions):
         return False
     if DEEP and inference_only:
