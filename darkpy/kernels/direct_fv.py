@@ -454,10 +454,11 @@ def _pools_first(k, off, act, f0, nf):
 def _units(y, src, item, wt, toff, pos, lo, hi, groups, runs, k, off, act, add, chunk_bytes,
            prefetch, p):
     """Units lo..hi−1 (`_unit`): one call per thread, not per unit (as `direct._forward_units`,
-    whose per-unit calls had cost digits' first layer at b64 7 % of its time). Its arrays are its
-    caller's, borrowed (kernels/borrow.py): the units' views of them count no references."""
-    y, src, wt, toff, pos = borrowed(y), borrowed(src), borrowed(wt), borrowed(toff), borrowed(pos)
-    k, off, p = borrowed(k), borrowed(off), borrowed(p)
+    whose per-unit calls had cost digits' first layer at b64 7 % of its time). Its callers (the
+    twins) pass y, wt and p borrowed (kernels/borrow.py) and hold the arrays they made for it
+    (src, toff, pos, k, off) for the whole call: those are borrowed here, so that no view the units
+    make counts a reference."""
+    src, toff, pos, k, off = borrowed(src), borrowed(toff), borrowed(pos), borrowed(k), borrowed(off)
     for t in range(lo, hi):
         _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_bytes,
               prefetch, p)
