@@ -45,7 +45,7 @@ from .bias_bn_act import (BatchNormParams, allocate_bias_bn_act_training, backwa
                           forward_bias_bn_act, inference_epilogue)
 from .conv_averaged import AveragedConv
 from .conv_direct_fv import DirectFvConv
-from .conv_gemm import GemmConv
+from .conv_gemm import GemmConv, rows_transposed
 from .conv_winograd import WinogradConv
 
 #: Per-item multiply-adds (n/g · c/g·k·k · oh·ow) from which a batch's items are put side by side
@@ -309,8 +309,10 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         # darknet.cfg's 1024 -> 1000 at b64 ran at 55 GFLOP/s)
         self.rows_gemm = (not taken and batch > 1 and self.is_gemm_only and cols == 1
                           and self.groups == 1)
+        self.rows_transposed = self.rows_gemm and rows_transposed(batch, self.n, rows)
         if self.rows_gemm:
-            ic.reserve(batch * rows, self.dtype)        # backward's input gradient
+            # the forward's product (n x batch), backward's input gradient (batch x rows)
+            ic.reserve(batch * max(rows, self.n), self.dtype)
         # the forward's GEMM path in one stacked GEMM over the whole batch (what `_chunks` yields
         # then, without its generator and slicing: digits' forward at batch 1 0.95x the time in one
         # in-process A/B, no difference measurable on larger networks)
