@@ -28,12 +28,14 @@ def affine_act_vector(v, kv, ov, act):
 
 
 @vjit
-def affine_act_rows_into(y, y0, ow, rows, x, lw, k, off, act):
+def affine_act_rows_into(y, y0, ow, rows, x, lw, k, off, act, stream=False):
     """y[y0:y0+rows·ow] (rows of ow values, 1-D C-contiguous) := act(x·k + off) of x's rows (rows
     of lw ≥ ow values from x[0]): one pass from the accumulators instead of a copy and then the
     epilogue on the output in place. In vectors where `in_vectors` holds: a row's last vector may
     run past its ow values into the next row's (written right after, in order) but never past
-    the block's rows·ow values; what no whole vector covers, one value at a time."""
+    the block's rows·ow values; what no whole vector covers, one value at a time. With `stream`,
+    a row's whole vectors that are aligned go past the caches (`simd.store_stream`: the caller
+    fences them)."""
     vectors = in_vectors(y, act)
     kv = simd.splat(simd.widen(simd.zero(y)), k)
     ov = simd.splat(kv, off)
@@ -43,8 +45,11 @@ def affine_act_rows_into(y, y0, ow, rows, x, lw, k, off, act):
         d0 = y0 + r * ow
         t = 0
         while vectors and t < ow and d0 + t + L <= end:
-            simd.store(y, d0 + t, simd.cast_like(y, affine_act_vector(simd.load(x, r * lw + t),
-                                                                      kv, ov, act)))
+            v = simd.cast_like(y, affine_act_vector(simd.load(x, r * lw + t), kv, ov, act))
+            if stream and t + L <= ow and simd.aligned(y, d0 + t):
+                simd.store_stream(y, d0 + t, v)
+            else:
+                simd.store(y, d0 + t, v)
             t += L
         if t < ow:
             dst = y[d0 + t:d0 + ow]

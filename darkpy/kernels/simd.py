@@ -19,10 +19,13 @@ else u's), `greater_or(v, u)` (v's lane where it is > u's, else u's), `evens(u, 
 every lane of a vector like v) and `lane(v, i)`. Beside them `flat(a)`: a C-contiguous array's
 values as a 1-D view, no copy and no call (numba's reshape calls a helper: ~0.1 µs each, per plane
 of a small map).
-**load, store, store_low and get check no bounds**: the caller guarantees a[i:i+LANES] lies inside the
-array. float32 is the real work, float64 the gradient checks (the same source, like every kernel
-here). LANES is the float32 width of the widest vector
-register of the CPU numba compiles for (`_lanes`): 16 where it has AVX-512F, else 8; float64 and
+`store_stream(a, i, v)` stores past the caches (a non-temporal store) where `aligned(a, i)`, and
+`store_fence()` orders such stores before whatever follows (for outputs of at least
+STREAM_MIN_BYTES).
+**load, store, store_low, store_stream and get check no bounds**: the caller guarantees
+a[i:i+LANES] lies inside the array. float32 is the real work, float64 the gradient checks (the
+same source, like every kernel here). LANES is the float32 width of the widest vector register of
+the CPU numba compiles for (`_lanes`): 16 where it has AVX-512F, else 8; float64 and
 SSE-only machines use several registers per vector (LLVM splits it). The kernels' cached machine
 code is keyed on that CPU too, so a cache never mixes the two widths.
 """
@@ -118,6 +121,59 @@ def store(typingctx, a, i, v):
         builder.store(args[2], ptr, align=sig.args[0].dtype.bitwidth // 8)
         return context.get_dummy_value()
     return types.void(a, i, v), codegen
+
+
+#: Outputs of at least this many bytes (twice the 32 MB L3 cache of the 2-core Zen 5 EPYC) are
+#: written with `store_stream` where a kernel can (kernels/direct.py, layers/route.py): nothing
+#: reads them before they have left the caches, and a store through the caches first reads each
+#: line from memory. Smaller ones are read back from the caches: a 16 MB buffer filled at 86 GB/s
+#: through them and 41 past them (2 threads); 354 MB at 27 and 40 GB/s.
+STREAM_MIN_BYTES = 64 << 20
+
+
+@intrinsic
+def store_stream(typingctx, a, i, v):
+    """a[i:i+LANES] = v past the caches (a non-temporal store: no read of the line first, and the
+    line not kept), for outputs far larger than the caches that nothing reads before they have
+    left them. **a[i] must be aligned to the vector's size** (`aligned`); `store_fence()` after
+    the last of them, before another thread reads what they wrote."""
+    if not (_float_array(a) and isinstance(i, types.Integer) and isinstance(v, Vector)
+            and v.dtype == a.dtype):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _address(context, builder, sig.args[0], args[0], args[1])
+        st = builder.store(args[2], ptr, align=LANES * sig.args[0].dtype.bitwidth // 8)
+        st.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(_I32, 1)]))
+        return context.get_dummy_value()
+    return types.void(a, i, v), codegen
+
+
+@intrinsic
+def aligned(typingctx, a, i):
+    """Whether a[i] lies on a vector's size (a `store_stream` may go there)."""
+    if not (_float_array(a) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        addr = builder.ptrtoint(builder.gep(data, [args[1]], inbounds=True), ir.IntType(64))
+        size = LANES * sig.args[0].dtype.bitwidth // 8
+        low = builder.and_(addr, ir.Constant(ir.IntType(64), size - 1))
+        return builder.icmp_unsigned("==", low, ir.Constant(ir.IntType(64), 0))
+    return types.boolean(a, i), codegen
+
+
+@intrinsic
+def store_fence(typingctx):
+    """Order the non-temporal stores before it ahead of every store after it (LLVM's release
+    fence does not cover them: x86's sfence)."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                            "llvm.x86.sse.sfence")
+        builder.call(fn, [])
+        return context.get_dummy_value()
+    return types.void(), codegen
 
 
 @intrinsic
