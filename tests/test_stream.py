@@ -46,12 +46,12 @@ def test_a_large_route_streams_its_parts(monkeypatch):
     assert seen == [0, 4 * 63]                      # both parts, at their offsets
 
 
-@pytest.mark.parametrize("width", [512, 520])     # rows of whole vectors; every other one aligned
+@pytest.mark.parametrize("width", [512, 528])     # rows of whole vectors, on whole cache lines
 def test_direct_forward_streams_a_large_output(width):
-    """A batch whose output passes the threshold (4 x 16 x 512 x w: 64+ MB) streams its rows
-    where they are aligned and gives each item's output as computed alone (16 MB, through the
-    caches), epilogue included."""
-    B, C, N, H = 4, 3, 16, 512
+    """A batch whose output passes the threshold (8 x 16 x 512 x w: 128+ MB) streams its rows
+    and gives each item's output as computed alone (17 MB, through the caches), epilogue
+    included."""
+    B, C, N, H = 8, 3, 16, 512
     rng = np.random.default_rng(width)
     x = rng.standard_normal((B, C, H, width)).astype(np.float32)
     w = rng.standard_normal((N, C, 3, 3)).astype(np.float32)

@@ -45,13 +45,14 @@ PARALLEL_MIN_TAPS = 32
 #: Output positions per row block (rows of Lw values): its planes and sums stay in the L1/L2 caches.
 BLOCK_POSITIONS = 1024
 
-#: An output of at least `simd.STREAM_MIN_BYTES` is written past the caches where its rows'
-#: vectors are aligned (`_act_out`). yolov4-tiny's first layer (3 -> 32 stride 2, from 416x416) at
-#: b64 within its forward (2 threads, 2-core Zen 5, per-layer medians, processes alternating, 3
-#: rounds): 32.6-35.2 -> 25.4-26.1 ms, the next layer's 84.6-87.8 -> 82.7-85.2; the forward
-#: 1014-1048 -> 993-1039 ms. (Its 104-wide rows on 104x104 maps, half of them aligned: level.)
-#: The shared outputs' arena (`Network.share_outputs`: the inference commands, the benchmark)
-#: starts every output on a 64-byte line; a layer's own buffer (numpy's: 16 bytes) streams nothing.
+#: An output of at least `simd.STREAM_MIN_BYTES` whose rows are whole vectors is written past the
+#: caches where they are aligned (`_act_out`). yolov4-tiny's first layer (3 -> 32 stride 2, from
+#: 416x416) at b64 within its forward (2 threads, 2-core Zen 5, per-layer medians, processes
+#: alternating, 3 rounds): 32.6-35.2 -> 25.4-26.1 ms, the next layer's 84.6-87.8 -> 82.7-85.2; the
+#: forward 1014-1048 -> 993-1039 ms. Rows of a part of a vector (yolov4-tiny's 104-wide on
+#: 104x104, 88 MB: level) stream nothing. The shared outputs' arena (`Network.share_outputs`: the
+#: inference commands, the benchmark) starts every output on a 64-byte line; a layer's own buffer
+#: (numpy's: 16 bytes) streams nothing.
 STREAM = True
 
 _jit = njit(cache=True, nogil=True, inline="always")
@@ -503,7 +504,7 @@ def _act_out(y, acc, M, q, f, b, oy0, rows, lw, k, off, act):
     5.46 ms. The same bits."""
     N, OH, OW = y.shape[1], y.shape[2], y.shape[3]
     flat = simd.flat(y)
-    stream = STREAM and y.size * y.itemsize >= simd.STREAM_MIN_BYTES
+    stream = STREAM and OW % simd.LANES == 0 and y.size * y.itemsize >= simd.STREAM_MIN_BYTES
     for i in range(4):
         fi = f[i]
         affine_act_rows_into(flat, ((b * N + fi) * OH + oy0) * OW, OW, rows,

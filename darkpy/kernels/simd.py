@@ -123,12 +123,14 @@ def store(typingctx, a, i, v):
     return types.void(a, i, v), codegen
 
 
-#: Outputs of at least this many bytes (twice the 32 MB L3 cache of the 2-core Zen 5 EPYC) are
-#: written with `store_stream` where a kernel can (kernels/direct.py, layers/route.py): nothing
-#: reads them before they have left the caches, and a store through the caches first reads each
-#: line from memory. Smaller ones are read back from the caches: a 16 MB buffer filled at 86 GB/s
-#: through them and 41 past them (2 threads); 354 MB at 27 and 40 GB/s.
-STREAM_MIN_BYTES = 64 << 20
+#: Outputs of at least this many bytes (four times the 32 MB L3 cache of the 2-core Zen 5 EPYC)
+#: are written with `store_stream` where a kernel can (kernels/direct.py, layers/route.py): a store
+#: through the caches first reads each line from memory, and the next layer finds little of so
+#: large an output still in them. A 16 MB buffer filled at 86 GB/s through the caches and 41 past
+#: them (2 threads); 354 MB at 27 and 40 GB/s. At 64 MB tiny.cfg's 128-filter layers on 56x56 at
+#: b64 (102 MB each) took 20.7-21.5 ms against 19.8-20.1 (their next 1x1 layers read less from the
+#: L3 cache), its forward 1.02x the time.
+STREAM_MIN_BYTES = 128 << 20
 
 
 @intrinsic
