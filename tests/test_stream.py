@@ -5,6 +5,7 @@ or not.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 
@@ -65,3 +66,22 @@ def test_direct_forward_streams_a_large_output(width):
         dk.conv_forward(alone, x[b:b + 1], w, 1, 1, 1, dk.forward_rows(1, H, width, 3, 1), k, off,
                         LEAKY)
         np.testing.assert_array_equal(y[b], alone[0])
+
+
+@pytest.mark.parametrize("x86", [True, False])
+def test_store_stream_and_its_fence_compile_on_either_branch(x86, monkeypatch):
+    """The fence is x86's sfence there and a sequentially consistent fence on other machines (no
+    x86 intrinsic to fail to compile); a streamed vector lands where it is aligned."""
+    monkeypatch.setattr(simd, "_X86", x86)
+
+    @numba.njit(cache=False)
+    def copy_first_vector(a):
+        if simd.aligned(a, 0) and not simd.aligned(a, 1):
+            simd.store_stream(a, 0, simd.load(a, simd.LANES))
+        simd.store_fence()
+
+    raw = np.arange(3 * simd.LANES, dtype=np.float32)
+    a = raw[(-raw.ctypes.data % (4 * simd.LANES)) // 4:][:2 * simd.LANES]
+    want = a[simd.LANES:].copy()
+    copy_first_vector(a)
+    np.testing.assert_array_equal(a[:simd.LANES], want)

@@ -31,6 +31,8 @@ code is keyed on that CPU too, so a cache never mixes the two widths.
 """
 from __future__ import annotations
 
+import platform
+
 from llvmlite import ir
 from numba import config, types
 from numba.core import cgutils
@@ -166,14 +168,20 @@ def aligned(typingctx, a, i):
     return types.boolean(a, i), codegen
 
 
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
 @intrinsic
 def store_fence(typingctx):
-    """Order the non-temporal stores before it ahead of every store after it (LLVM's release
-    fence does not cover them: x86's sfence)."""
+    """Order the non-temporal stores before it ahead of every store after it: x86's sfence (LLVM's
+    release fence does not cover them there), elsewhere a sequentially consistent fence."""
     def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
-                                            "llvm.x86.sse.sfence")
-        builder.call(fn, [])
+        if _X86:
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                "llvm.x86.sse.sfence")
+            builder.call(fn, [])
+        else:
+            builder.fence("seq_cst")
         return context.get_dummy_value()
     return types.void(), codegen
 
