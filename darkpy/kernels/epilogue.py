@@ -44,9 +44,10 @@ def affine_act_rows_into(y, y0, ow, rows, x, lw, k, off, act, stream=False):
     for r in range(rows):
         d0 = y0 + r * ow
         t = 0
+        past = stream and simd.aligned(y, d0)       # (then every vector of the row is aligned)
         while vectors and t < ow and d0 + t + L <= end:
             v = simd.cast_like(y, affine_act_vector(simd.load(x, r * lw + t), kv, ov, act))
-            if stream and t + L <= ow and simd.aligned(y, d0 + t):
+            if past and t + L <= ow:
                 simd.store_stream(y, d0 + t, v)
             else:
                 simd.store(y, d0 + t, v)
