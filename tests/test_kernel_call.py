@@ -72,6 +72,23 @@ def test_the_call_is_kept_and_made_again_when_what_it_was_made_from_changes(monk
     np.testing.assert_allclose(shared.predict(y)[:batch], want, rtol=2e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_kept_call_reads_each_new_input(batch):
+    """A kept call of the direct path across filters holds its padded copy of the input (made
+    once, kernels/fv_planes.py) and fills its inside at every call, the border staying zero: new
+    inputs written into the same buffer give the new outputs."""
+    shared, plain = _twins(batch)
+    rng = np.random.default_rng(3)
+    for i in range(3):
+        x = rng.random(shared.input.shape, dtype=np.float32)
+        want = plain.forward(x).copy()
+        np.testing.assert_allclose(shared.forward(x), want, rtol=2e-6, atol=1e-7)
+    kept = [l for l in shared.layers if l.kind == "convolutional" and l.direct_fv
+            and l.padding and l._kept_call is not None and l._kept_call.run in
+            (fv._forward_serial, fv._forward_parallel)]
+    assert kept or batch > 1, "no padded layer of the path kept its call"
+
+
 def test_a_training_network_keeps_no_call():
     _, plain = _twins(2)
     x = np.random.default_rng(2).random(plain.input.shape, dtype=np.float32)

@@ -99,6 +99,18 @@ def _border_args():
             pv)
 
 
+def _fv_padded_args():
+    """kernels/direct_fv.py's parallel forward of a padded layer in a batch (its padding loop a
+    prange of its own), through the epilogue."""
+    w = _f32(40, 16, 3, 3)
+    wt = np.empty(w[0].size * fv.padded_filters(40), np.float32)
+    fv.filters_last(wt, w)
+    x = _f32(3, 16, 4, 4)
+    return (np.zeros((3, 40, 16), np.float32), x, wt,
+            *fv.prepared(x, 3, 1, 1, 1, 4, 4, np.ones(40), np.zeros(40), 40), 1, act.LEAKY, False,
+            fv.CHUNK_BYTES, fv.PREFETCH, np.empty((0, 0, 0, 0), np.float32), 2)
+
+
 def _winograd_inputs_args():
     x = np.random.default_rng(1).standard_normal((2, 3, 7, 6)).astype(np.float32)
     th, tw = wg.tiles(7, 6)
@@ -183,6 +195,7 @@ CASES = {
     "direct forward": (dk.twins(dk.S1_FEW)[1], lambda: _direct_args("forward")),
     "direct weight gradient": (dwg._weight_grad_parallel, lambda: _direct_args("wgrad")),
     "direct across filters, border": (fvb._forward_parallel, _border_args),
+    "direct across filters, padded": (fv._forward_parallel, _fv_padded_args),
     "winograd inputs": (wg.inputs, _winograd_inputs_args),
     "winograd outputs": (wg._outputs_parallel, _winograd_outputs_args),
     "winograd fused bands": (wgf.conv3x3, lambda: (np.zeros((2, 8, 6, 6), np.float32), _f32(2, 4, 6, 6),

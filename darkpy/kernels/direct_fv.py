@@ -20,8 +20,9 @@ across filters instead, as ONNX Runtime's NCHWc convolutions do, while the tenso
   are any of the map, found through a table of their offsets, so nothing is computed outside the
   map and any stride works;
 - the input is read in place when the layer has no padding, else from zero-padded copies of the
-  items' planes made once per call; a padded stride-1 layer in a batch reads it in place too,
-  each position over its taps inside the input only (kernels/direct_fv_border.py);
+  items' planes, filled at each call (their buffer, with the tables of offsets, made once for a
+  kept call: kernels/fv_planes.py); a padded stride-1 layer in a batch reads the input in place
+  too, each position over its taps inside the input only (kernels/direct_fv_border.py);
 - each unit (item, FV filters, a run of positions) scatters its tiles into the NCHW output and
   applies bias / batch norm and the activation to what it wrote (the inference epilogue); or,
   when a 2x2 [maxpool] alone reads the output (float32 inference), keeps the map's tiles and
@@ -42,7 +43,8 @@ from . import PARALLEL_MIN, njit, simd, vjit
 from .activations import LEAKY, LINEAR, RELU
 from .bn import affine_act_row
 from .borrow import borrowed
-from .fv_tiles import FV, _jit, _serial, block_at, run_tile
+from .fv_planes import _fill_item, prepared
+from .fv_tiles import FV, _jit, block_at, run_tile
 from .kernel_call import KeptCall
 from .pool2x2 import max4v, no_pool, pools_first
 
@@ -237,64 +239,6 @@ def tile_positions(taps, S):
     return TILE if TILE else (6 if taps >= WIDE_MIN_TAPS and S >= WIDE_MIN_POSITIONS else 4)
 
 
-@_jit
-def _tables(x, k, sy, sx, pad, oh, ow):
-    """(plane values, row length, tap offsets, position offsets) of the source: x's own planes
-    without padding, else zero-padded copies; the positions padded to whole microkernels by
-    repeating the last (computed again, written once)."""
-    C, H, W = x.shape[1], x.shape[2], x.shape[3]
-    if pad == 0:
-        hp, wp = H, W
-    else:
-        hp, wp = (oh - 1) * sy + k, (ow - 1) * sx + k
-    toff = np.empty(C * k * k, np.int64)
-    for c in range(C):
-        for ky in range(k):
-            for kx in range(k):
-                toff[(c * k + ky) * k + kx] = c * hp * wp + ky * wp + kx
-    S = oh * ow
-    pos = np.empty(-(-S // 24) * 24, np.int64)     # whole microkernels of 4, 6 and 8 positions
-    for p in range(pos.shape[0]):
-        q = min(p, S - 1)
-        pos[p] = (q // ow) * sy * wp + (q % ow) * sx
-    return hp * wp, wp, toff, pos
-
-
-@_jit
-def _source(x, pad, plane):
-    """What the kernels read: x itself (flat) without padding, else a buffer of B·C padded planes
-    of `plane` values."""
-    n = x.shape[0] * x.shape[1] * plane
-    return x.reshape(n) if pad == 0 else np.empty(n, x.dtype)
-
-
-@_jit
-def _pad_item(xp, x, b, pad, hp, wp):
-    """xp[b] (C·hp·wp values from b·C·hp·wp) := item b's planes, zero-padded by `pad` before: the
-    item's values zeroed in one pass, then its rows copied in (testing each value for the border,
-    or slicing each short row, took as long as a 4x4 map's microkernels: digits' 32 -> 64 layer
-    at b64, one thread, 77 µs of 453, now 35), in vectors and half vectors where they fit
-    (digits' 16 -> 32 on 8x8 at b64, one thread: the copy 49 -> 27 µs of the layer's 345)."""
-    C, H, W = x.shape[1], x.shape[2], x.shape[3]
-    base = b * C * hp * wp
-    xp[base:base + C * hp * wp] = 0
-    rows, cols = min(H, hp - pad), min(W, wp - pad)     # the input inside the padded planes
-    xf = x.reshape(x.size)
-    for c in range(C):
-        for iy in range(rows):
-            d = base + (c * hp + iy + pad) * wp + pad
-            s = ((b * C + c) * H + iy) * W
-            ix = 0
-            while ix + simd.LANES <= cols:
-                simd.store(xp, d + ix, simd.load(xf, s + ix))
-                ix += simd.LANES
-            if cols - ix >= simd.LANES // 2 and s + ix + simd.LANES <= xf.shape[0]:
-                simd.store_low(xp, d + ix, simd.load(xf, s + ix))     # an 8-wide row
-                ix += simd.LANES // 2
-            for j in range(ix, cols):
-                xp[d + j] = xf[s + j]
-
-
 @vjit
 def _epilogue_tile(tile, npos, kp, op, f0, act):
     """tile (npos positions x FV filters, filters last) in place := act(value·k + off), with the
@@ -315,16 +259,6 @@ def _epilogue_tile(tile, npos, kp, op, f0, act):
             elif act == RELU:
                 z = simd.positive_or(z, zero)
             simd.store(tile, j, simd.cast_like(tile, z))
-
-
-@_serial               # on its own: in the parallel twin its array expressions were parallel regions
-def _padded(k, n):
-    """k (N,) float64 zero-padded to n values (empty when k is). A loop: the slice assignment
-    `kp[:N] = k` took numba 2 s to compile (a cold start's)."""
-    kp = np.zeros(n if k.shape[0] else 0, np.float64)
-    for i in range(k.shape[0]):
-        kp[i] = k[i]
-    return kp
 
 
 @_jit
@@ -455,9 +389,9 @@ def _units(y, src, item, wt, toff, pos, lo, hi, groups, runs, k, off, act, add, 
            prefetch, p):
     """Units lo..hi−1 (`_unit`): one call per thread, not per unit (as `direct._forward_units`,
     whose per-unit calls had cost digits' first layer at b64 7 % of its time). Its callers (the
-    twins) pass y, wt and p borrowed (kernels/borrow.py) and hold the arrays they made for it
-    (src, toff, pos, k, off) for the whole call: those are borrowed here, so that no view the units
-    make counts a reference."""
+    twins) pass y, wt and p borrowed (kernels/borrow.py), and their caller holds the arrays
+    `prepared` made (src, toff, pos, k, off) for the whole call: those are borrowed here, so that
+    no view the units make counts a reference."""
     src, toff, pos, k, off = borrowed(src), borrowed(toff), borrowed(pos), borrowed(k), borrowed(off)
     for t in range(lo, hi):
         _unit(y, src, item, wt, toff, pos, t, groups, runs, k, off, act, add, chunk_bytes,
@@ -468,40 +402,34 @@ def _units(y, src, item, wt, toff, pos, lo, hi, groups, runs, k, off, act, add, 
 # (the source as a conditional expression, the padding loop over a conditional range) made the
 # parallel twin 7x slower (digits' 32 -> 64 layer at b64 0.7 -> 5.2 ms on one thread).
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def _forward_serial(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_bytes, prefetch,
+def _forward_serial(y, x, wt, src, wp, toff, pos, kp, op, pad, act, add, chunk_bytes, prefetch,
                     p, threads):
     y, x, wt, p = borrowed(y), borrowed(x), borrowed(wt), borrowed(p)
-    kk, off = borrowed(kk), borrowed(off)
-    plane, wp, toff, pos = _tables(x, k, sy, sx, pad, oh, ow)
+    src, toff, pos, kp, op = borrowed(src), borrowed(toff), borrowed(pos), borrowed(kp), borrowed(op)
     B, C = x.shape[0], x.shape[1]
-    groups, runs = y.shape[1] // FV + (y.shape[1] % FV > 0), -(-y.shape[2] // UNIT_POSITIONS)
-    if pad == 0:
-        src = x.reshape(B * C * plane)
-    else:
-        src = np.empty(B * C * plane, x.dtype)
+    plane = src.shape[0] // (B * C)
+    groups, runs = -(-y.shape[1] // FV), -(-y.shape[2] // UNIT_POSITIONS)
+    if pad:
         for b in range(B):
-            _pad_item(src, x, b, pad, plane // wp, wp)
-    kp, op = _padded(kk, groups * FV), _padded(off, groups * FV)
+            _fill_item(src, x, b, pad, plane // wp, wp)
     # int64, not Literal[int](0): a literal first unit compiled `_units` again for this twin
     _units(y, src, C * plane, wt, toff, pos, np.int64(0),
            B * groups * runs, groups, runs, kp, op, act, add, chunk_bytes, prefetch, p)
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
-def _forward_parallel(y, x, wt, k, sy, sx, pad, oh, ow, kk, off, act, add, chunk_bytes,
+def _forward_parallel(y, x, wt, src, wp, toff, pos, kp, op, pad, act, add, chunk_bytes,
                       prefetch, p, threads):
     y, x, wt, p = borrowed(y), borrowed(x), borrowed(wt), borrowed(p)
-    kk, off = borrowed(kk), borrowed(off)
-    plane, wp, toff, pos = _tables(x, k, sy, sx, pad, oh, ow)
+    src, toff, pos, kp, op = borrowed(src), borrowed(toff), borrowed(pos), borrowed(kp), borrowed(op)
     B, C = x.shape[0], x.shape[1]
-    groups, runs = y.shape[1] // FV + (y.shape[1] % FV > 0), -(-y.shape[2] // UNIT_POSITIONS)
-    if pad == 0:
-        src = x.reshape(B * C * plane)
-    else:
-        src = np.empty(B * C * plane, x.dtype)
+    plane = src.shape[0] // (B * C)
+    groups, runs = -(-y.shape[1] // FV), -(-y.shape[2] // UNIT_POSITIONS)
+    if pad and B == 1:                   # one item: no parallel region of its own
+        _fill_item(src, x, 0, pad, plane // wp, wp)
+    elif pad:
         for b in prange(B):
-            _pad_item(src, x, b, pad, plane // wp, wp)
-    kp, op = _padded(kk, groups * FV), _padded(off, groups * FV)
+            _fill_item(src, x, b, pad, plane // wp, wp)
     units = B * groups * runs
     parts = min(threads, units)
     for i in prange(parts):     # as prange's own static split of the units
@@ -579,7 +507,8 @@ def forward_call(y, x, wt, k, sy, sx, pad, kk=_NO_AFFINE, off=_NO_AFFINE, act=0,
         return border.conv_forward, (y, x, wt, k, pad, kk, off, act, add, tiled, p, m), None
     y3 = y.reshape(B, N, OH * OW)
     return (_forward_serial if serial else _forward_parallel,
-            (y3, x, wt, k, sy, sx, pad, OH, OW, kk, off, act, add, CHUNK_BYTES, PREFETCH, p),
+            (y3, x, wt, *prepared(x, k, sy, sx, pad, OH, OW, kk, off, N), pad, act, add,
+             CHUNK_BYTES, PREFETCH, p),
             None if mean is None else (_means, (mean, y3)))
 
 

@@ -32,8 +32,9 @@ import numpy as np
 from numba import prange
 
 from . import njit, simd
-from .direct_fv import (CHUNK_BYTES, _epilogue_tile, _padded, _pool_run, _pools_first, _unit_jit,
+from .direct_fv import (CHUNK_BYTES, _epilogue_tile, _pool_run, _pools_first, _unit_jit,
                         tile_positions)
+from .fv_planes import _padded
 from .fv_tiles import FV, NO_PREFETCH, _jit, _serial, block_at, run_tile
 
 #: Take padded stride-1 layers in batches of at least MIN_ITEMS items (fewer: a small map's classes

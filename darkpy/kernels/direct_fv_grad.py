@@ -13,7 +13,8 @@ import numpy as np
 from numba import prange
 
 from . import PARALLEL_MIN, njit, simd
-from .direct_fv import _pad_item, _source, _tables, _unit_jit, conv_forward
+from .direct_fv import _unit_jit, conv_forward
+from .fv_planes import _pad_item, _source, _tables
 from .fv_tiles import FV, _jit, _serial, _store2, _store8
 from .microgemm import fma2
 
