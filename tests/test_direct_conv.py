@@ -105,6 +105,20 @@ def test_parallel_branch_equals_reference(stride, k):
     assert np.abs(dw - g).max() <= 1e-5 * np.abs(g).max()
 
 
+@pytest.mark.parametrize("k,sy,pad", [(3, 1, 1), (3, 2, 1), (7, 2, 3), (1, 1, 0), (5, 3, 0)])
+def test_the_prefetched_rows_are_the_rows_a_block_reads(k, sy, pad):
+    """`block_input_rows` (what a thread asks for ahead of its next row block): exactly the input
+    rows that the block's output rows read through its taps, over every block and item."""
+    H, rows = 29, 4
+    OH = (H + 2 * pad - k) // sy + 1
+    nblk = -(-OH // rows)
+    for t in range(3 * nblk):
+        b, r0, r1 = dk.block_input_rows(t, nblk, rows, sy, pad, k)
+        oy0 = (t % nblk) * rows
+        read = {oy * sy - pad + ky for oy in range(oy0, oy0 + rows) for ky in range(k)}
+        assert b == t // nblk and set(range(r0, r1)) == read
+
+
 def test_an_odd_batch_gets_an_even_count_of_equal_blocks_where_one_fits():
     # tiny.cfg's 56x56 maps at b1: 17 rows a block (17, 17, 17, 5: 34 against 22 rows per thread)
     # become 14; an even batch splits whole items, so it keeps its blocks; a fused pool wants even

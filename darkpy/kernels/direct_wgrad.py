@@ -11,7 +11,8 @@ import numpy as np
 from numba import prange
 
 from . import PARALLEL_MIN, njit
-from .direct import FILTERS_PER_PASS, _fill, _four, _jit, _run, _serial
+from .direct import (FILTERS_PER_PASS, PREFETCH_ROWS, _fill, _four, _jit, _run, _serial,
+                     prefetch_block, prefetch_rows)
 
 #: Groups of row blocks whose weight-gradient partial sums are added in order at the end.
 WGRAD_GROUPS = 16
@@ -111,9 +112,13 @@ def _wgrad_group(pw, x, d, g, ngroups, sy, sx, pad, rows):
     units = B * nblk
     pf = np.empty(C * sy * sx * R * lw, pw.dtype)
     dd = np.empty(N * rows * lw, pw.dtype)
-    for t in range(g * units // ngroups, (g + 1) * units // ngroups):
+    lo, hi = g * units // ngroups, (g + 1) * units // ngroups
+    for t in range(lo, hi):
         oy0 = (t % nblk) * rows
         n = min(rows, OH - oy0)
+        if PREFETCH_ROWS and t + 1 < hi:        # the next block's input and delta rows
+            prefetch_block(x, t + 1, nblk, rows, sy, pad, k)
+            prefetch_rows(d, (t + 1) // nblk, (t + 1) % nblk * rows, ((t + 1) % nblk + 1) * rows)
         _fill(pf, x, t // nblk, oy0, n, sy, sx, pad, k, lw)
         _wgrad_block(pw, pf, dd, d, t // nblk, oy0, n, sy, sx, lw)
 
