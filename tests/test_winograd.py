@@ -282,6 +282,36 @@ def test_layer_winograd_equals_im2col(monkeypatch, padding, bn):
     assert not np.allclose(results[0][1], 0.5)      # the input delta was really added to
 
 
+@pytest.mark.parametrize("channels,fused", [(96, True), (256, True), (320, False)])
+def test_the_weight_gradient_takes_the_bands_up_to_its_channel_limit(monkeypatch, channels, fused):
+    """A layer over at most FUSED_WGRAD_MAX_CHANNELS channels takes its weight gradient in bands
+    (`wf.weight_grad3x3`), a wider one the chunked GEMMs; both give the same gradient (float64)."""
+    cfg = CFG.replace("channels=16", f"channels={channels}").format(batch=2, h=8, w=8, padding=1,
+                                                                    bn=1)
+    grads = []
+    for bands in (False, True):
+        monkeypatch.setattr(cw, "FUSED_WGRAD", bands)
+        calls = []
+        monkeypatch.setattr(wf, "weight_grad3x3",
+                            lambda *a, _f=wf.weight_grad3x3: (calls.append(1), _f(*a))[1])
+        monkeypatch.setattr(conv, "WINOGRAD", True)
+        monkeypatch.setattr(conv, "WINOGRAD_MIN_TILES", 1)
+        net = network_from_text(cfg, dtype=np.float64)
+        layer = net.layers[0]
+        assert layer.winograd
+        layer.init_weights(np.random.default_rng(1))
+        x = np.random.default_rng(2).uniform(-1, 1, net.input.shape)
+        net.forward(x, train=True)
+        layer.delta[...] = np.random.default_rng(3).standard_normal(layer.delta.shape)
+        layer.weights.grad.fill(0)
+        layer.backward(State(input=x, delta=None, truth=None, train=True, layers=net.layers,
+                             net=net))
+        assert bool(calls) == (bands and fused)
+        grads.append(layer.weights.grad.copy())
+        monkeypatch.undo()
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-11, atol=1e-11)
+
+
 def test_layer_winograd_gradcheck(monkeypatch):
     monkeypatch.setattr(conv, "WINOGRAD_MIN_TILES", 1)
     net = layer_gradcheck(CFG.format(batch=2, h=5, w=6, padding=1, bn=1), 0)

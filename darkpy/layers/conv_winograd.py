@@ -105,7 +105,7 @@ if cpu.HOST_CPU in FUSED_WIDE_ANY_BATCH_ON:
 #: there). Alternating in one process (2 threads, 2-core AVX-512 Xeon): shapes-tiny's training
 #: step at b32 0.96-0.99x the time, digits' level. False: that forward stays chunked.
 FUSED_KEEP = True
-#: The weight gradient of correlations over at most FUSED_MAX_CHANNELS input channels (and at
+#: The weight gradient of correlations over at most FUSED_WGRAD_MAX_CHANNELS input channels (and at
 #: least a quarter of FUSED_MIN_TILES tiles per item) in bands too (`wf.weight_grad3x3`): per band
 #: V (kept, or made) and dMᵀ in L2, the products summed into WGRAD_SLICES partial sums (a fixed
 #: number, so the bits do not depend on the thread count), instead of the 16 GEMMs dM Vᵀ over
@@ -113,6 +113,15 @@ FUSED_KEEP = True
 #: shapes-tiny's 96 -> 64 layer). Same machine, alternating: shapes-tiny's training step at b32
 #: 0.94-0.95x the time, digits' 0.97-0.98x. False: the chunked GEMMs.
 FUSED_WGRAD = True
+#: ... over up to FUSED_WGRAD_MAX_CHANNELS input channels, not the forward's FUSED_MAX_CHANNELS:
+#: cifar's training step at b128, whose layers of 128 and 256 channels had taken the chunked GEMMs
+#: (their weight gradients 1.6-2.1x their forwards), with 256 against 96 alternating in one
+#: process (2 threads, 2-core Zen 5, 3 rounds): 0.936x the time (the 128 -> 128 layers on 28x28
+#: 98 -> 47-51 ms each, 256 -> 256 on 14x14 63 -> 41 ms, 128 -> 256 36 -> 22 ms, 256 -> 512 on
+#: 7x7 38 -> 32 ms); darknet19's at b16 0.976x; peak RSS level (the shared workspace held the
+#: partial sums already). 512 channels measured level (cifar's 512 -> 512 on 7x7: 64 -> 65 ms)
+#: and hold 4x the partial sums.
+FUSED_WGRAD_MAX_CHANNELS = 256
 WGRAD_SLICES = 4
 _NONE = np.empty(0)
 
@@ -214,7 +223,7 @@ class WinogradConv:
         channels (FUSED_WGRAD) the same sums band by band instead (`wf.weight_grad3x3`)."""
         n, c = self.n, self.in_shape[0]
         th, tw = wg.tiles(*dy.shape[2:])
-        if FUSED_WGRAD and c <= FUSED_MAX_CHANNELS and th * tw >= FUSED_MIN_TILES // 4:
+        if FUSED_WGRAD and c <= FUSED_WGRAD_MAX_CHANNELS and th * tw >= FUSED_MIN_TILES // 4:
             du = ic.get((WGRAD_SLICES, 16, c, _lanes(n)), self.dtype)
             bands = wf.band_count(tw, th, c, n, self.batch, thread_count())
             kept = self.vkeep[:self._vkeep_values if self._v_kept else 0]
