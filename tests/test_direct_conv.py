@@ -9,6 +9,7 @@ import pytest
 import darkpy.layers.convolutional as conv
 from darkpy.kernels import PARALLEL_MIN
 from darkpy.kernels import direct as dk
+from darkpy.kernels import direct_blocks as db
 from darkpy.kernels import direct_wgrad as dwg
 from darkpy.layers.base import State
 from darkpy.network import network_from_text
@@ -71,7 +72,7 @@ def test_kernels_match_float64_correlation(shape, rows):
     x = rng.standard_normal((B, C, H, W))
     w = rng.standard_normal((N, C, k, k))
     ref = correlation(x, w, sy, sx, pad)
-    rows = rows or dk.block_rows(ref.shape[2], ref.shape[3], k, sx)
+    rows = rows or db.block_rows(ref.shape[2], ref.shape[3], k, sx)
     y = np.full(ref.shape, np.nan)
     dk.conv_forward(y, x, w, sy, sx, pad, rows)
     np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
@@ -94,7 +95,7 @@ def test_parallel_branch_equals_reference(stride, k):
     pad = k // 2
     ref = correlation(x, w, stride, stride, pad)
     y = np.zeros(ref.shape, np.float32)
-    rows = dk.block_rows(ref.shape[2], ref.shape[3], k, stride)
+    rows = db.block_rows(ref.shape[2], ref.shape[3], k, stride)
     dk.conv_forward(y, x, w, stride, stride, pad, rows)
     scale = correlation(np.abs(x), np.abs(w), stride, stride, pad).max()
     assert np.abs(y - ref).max() <= 1e-6 * scale
@@ -113,7 +114,7 @@ def test_the_prefetched_rows_are_the_rows_a_block_reads(k, sy, pad):
     OH = (H + 2 * pad - k) // sy + 1
     nblk = -(-OH // rows)
     for t in range(3 * nblk):
-        b, r0, r1 = dk.block_input_rows(t, nblk, rows, sy, pad, k)
+        b, r0, r1 = db.block_input_rows(t, nblk, rows, sy, pad, k)
         oy0 = (t % nblk) * rows
         read = {oy * sy - pad + ky for oy in range(oy0, oy0 + rows) for ky in range(k)}
         assert b == t // nblk and set(range(r0, r1)) == read
@@ -123,13 +124,13 @@ def test_an_odd_batch_gets_an_even_count_of_equal_blocks_where_one_fits():
     # tiny.cfg's 56x56 maps at b1: 17 rows a block (17, 17, 17, 5: 34 against 22 rows per thread)
     # become 14; an even batch splits whole items, so it keeps its blocks; a fused pool wants even
     # rows; no size from the rows down to MIN_FORWARD_ROWS cuts 104 rows into an even count
-    assert dk.block_rows(56, 56, 3, 1) == 17 and dk.forward_rows(1, 56, 56, 3, 1) == 14
-    assert dk.forward_rows(3, 56, 56, 3, 1) == 14 and dk.forward_rows(2, 56, 56, 3, 1) == 17
-    assert dk.balanced_rows(1, 64, 14, even=True) == 8          # shapes-tiny's pooled 64x64
-    assert dk.balanced_rows(1, 60, 15, even=False) == 15        # 4 blocks of 15 already
-    assert dk.balanced_rows(1, 60, 15, even=True) == 10         # 6 blocks of 10
-    assert dk.balanced_rows(1, 104, 8, even=False) == 8         # 13 blocks: nothing better fits
-    assert dk.MIN_FORWARD_ROWS == 8
+    assert db.block_rows(56, 56, 3, 1) == 17 and db.forward_rows(1, 56, 56, 3, 1) == 14
+    assert db.forward_rows(3, 56, 56, 3, 1) == 14 and db.forward_rows(2, 56, 56, 3, 1) == 17
+    assert db.balanced_rows(1, 64, 14, even=True) == 8          # shapes-tiny's pooled 64x64
+    assert db.balanced_rows(1, 60, 15, even=False) == 15        # 4 blocks of 15 already
+    assert db.balanced_rows(1, 60, 15, even=True) == 10         # 6 blocks of 10
+    assert db.balanced_rows(1, 104, 8, even=False) == 8         # 13 blocks: nothing better fits
+    assert db.MIN_FORWARD_ROWS == 8
 
 
 @pytest.mark.parametrize("shape", [(1, 32, 16, 16, 64, 1), (1, 16, 32, 32, 32, 1), (1, 3, 128, 128, 16, 2),
@@ -144,15 +145,15 @@ def test_forward_rows_change_no_value(shape):
     x = rng.standard_normal((B, C, H, W)).astype(np.float32)
     w = rng.standard_normal((N, C, 3, 3)).astype(np.float32)
     oh, ow = (H - 1) // s + 1, (W - 1) // s + 1
-    rows = dk.forward_rows(B, oh, ow, 3, s)
+    rows = db.forward_rows(B, oh, ow, 3, s)
     units = B * -(-oh // rows)
-    assert units >= dk.FORWARD_UNITS or rows in (oh, dk.MIN_FORWARD_ROWS)
-    assert rows == dk.forward_rows(B, oh, ow, 3, s, even=True)      # (all of these are even)
-    assert rows <= dk.block_rows(oh, ow, 3, s)
+    assert units >= db.FORWARD_UNITS or rows in (oh, db.MIN_FORWARD_ROWS)
+    assert rows == db.forward_rows(B, oh, ow, 3, s, even=True)      # (all of these are even)
+    assert rows <= db.block_rows(oh, ow, 3, s)
     k, off = rng.random(N) + 0.5, rng.standard_normal(N)
     for pool in (None, np.full((B, N, oh // 2, ow // 2), np.nan, np.float32)):
         ys = [np.full((B, N, oh, ow), np.nan, np.float32) for _ in range(2)]
-        for y, r in zip(ys, (rows, dk.block_rows(oh, ow, 3, s))):
+        for y, r in zip(ys, (rows, db.block_rows(oh, ow, 3, s))):
             dk.conv_forward(y, x, w, s, s, 1, r, k, off, 1, pool=pool)
             if pool is not None:
                 y[:, :, :oh // 2, :ow // 2] = pool

@@ -20,6 +20,7 @@ from darkpy.kernels import attention as attk
 from darkpy.kernels import bn as bnk
 from darkpy.kernels import cblas
 from darkpy.kernels import direct as dk
+from darkpy.kernels import direct_blocks as db
 from darkpy.kernels import direct_fv as fv
 from darkpy.kernels import direct_fv_border as fvb
 from darkpy.kernels import direct_wgrad as dwg
@@ -79,7 +80,7 @@ def _direct_args(kind):
     x = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
     y = np.zeros((2, 4, 9, 8), np.float32)
-    rows = dk.block_rows(9, 8, 3, 1)
+    rows = db.block_rows(9, 8, 3, 1)
     if kind == "forward":
         pool = np.zeros((2, 4, 4, 4), np.float32)      # the pooled branch (even rows: 8x8)
         return np.zeros((2, 4, 8, 8), np.float32), x[:, :, :8].copy(), w, 1, 1, 1, 2, np.ones(4), \

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from darkpy.kernels import direct as dk
+from darkpy.kernels import direct_blocks as db
 from darkpy.kernels import simd
 from darkpy.kernels.activations import LEAKY
 from darkpy.layers import route
@@ -60,10 +61,10 @@ def test_direct_forward_streams_a_large_output(width):
     raw = np.full(B * N * H * width + 16, np.nan, np.float32)     # rows on 64-byte lines
     y = raw[(-raw.ctypes.data % 64) // 4:][:B * N * H * width].reshape(B, N, H, width)
     assert y.nbytes >= simd.STREAM_MIN_BYTES > y[0].nbytes
-    dk.conv_forward(y, x, w, 1, 1, 1, dk.forward_rows(B, H, width, 3, 1), k, off, LEAKY)
+    dk.conv_forward(y, x, w, 1, 1, 1, db.forward_rows(B, H, width, 3, 1), k, off, LEAKY)
     for b in range(B):
         alone = np.full((1, N, H, width), np.nan, np.float32)
-        dk.conv_forward(alone, x[b:b + 1], w, 1, 1, 1, dk.forward_rows(1, H, width, 3, 1), k, off,
+        dk.conv_forward(alone, x[b:b + 1], w, 1, 1, 1, db.forward_rows(1, H, width, 3, 1), k, off,
                         LEAKY)
         np.testing.assert_array_equal(y[b], alone[0])
 

@@ -1,7 +1,7 @@
 """The weight gradient of the direct convolution (kernels/direct.py), on the same row blocks.
 
 Per filter and tap, the dot product of the block's delta (laid out as the phase planes' runs, zero
-at ox ≥ OW) with the tap's run of the block's phase planes (`direct._fill`). The sum runs over
+at ox ≥ OW) with the tap's run of the block's phase planes (`direct_blocks._fill`). The sum runs over
 WGRAD_GROUPS fixed groups of blocks (independent of the thread count, so any machine and thread
 count gives the same result), whose partial sums are then added in order.
 """
@@ -11,8 +11,8 @@ import numpy as np
 from numba import prange
 
 from . import PARALLEL_MIN, njit
-from .direct import (FILTERS_PER_PASS, PREFETCH_ROWS, _fill, _four, _jit, _run, _serial,
-                     prefetch_block, prefetch_rows)
+from .direct import FILTERS_PER_PASS, _four, _jit, _serial
+from .direct_blocks import PREFETCH_ROWS, _fill, _run, prefetch_block, prefetch_rows
 
 #: Groups of row blocks whose weight-gradient partial sums are added in order at the end.
 WGRAD_GROUPS = 16

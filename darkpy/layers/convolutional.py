@@ -33,6 +33,7 @@ import numpy as np
 from .. import blas
 from ..kernels import activations as act
 from ..kernels import direct as dk
+from ..kernels import direct_blocks as db
 from ..kernels import direct_fv_grad as fvg
 from ..kernels import direct_wgrad as dwg
 from ..kernels import im2col as ic
@@ -479,7 +480,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         elif self.direct:
             call = KeptCall(*dk.forward_call(
                 y, x, self.weights.value, self.stride_y, self.stride_x, self.padding,
-                dk.forward_rows(self.batch, oh, ow, self.size, self.stride_x, even=pool is not None),
+                db.forward_rows(self.batch, oh, ow, self.size, self.stride_x, even=pool is not None),
                 *self._epilogue(s.train), pool=pool))
             call()
             self._keep_call(s, call)
@@ -530,7 +531,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         elif self.direct:
             dwg.conv_weight_grad(self.weights.grad, x, d.reshape(self.batch, self.n, oh, ow),
                                 self.stride_y, self.stride_x, self.padding,
-                                dk.block_rows(oh, ow, self.size, self.stride_x))
+                                db.block_rows(oh, ow, self.size, self.stride_x))
             if prev is None:
                 return
             if self._direct_input_grad_ok():
@@ -590,7 +591,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         k − 1 − pad, by the direct forward kernel (into the workspace, then added)."""
         k, pad = self.size, self.padding
         wt = fvg.turned(self.weights.value)
-        rows = dk.forward_rows(self.batch, *prev.shape[2:], k, 1)
+        rows = db.forward_rows(self.batch, *prev.shape[2:], k, 1)
         if fresh:
             dk.conv_forward(prev, d, wt, 1, 1, k - 1 - pad, rows)
             return
