@@ -34,7 +34,7 @@ from numba.extending import overload
 
 from . import PARALLEL_MIN, njit, simd, vjit
 from .borrow import borrowed, keep
-from .direct_blocks import PREFETCH_ROWS, _fill, prefetch_block
+from .direct_blocks import PREFETCH_ROWS, _fill, _jit, _serial, prefetch_block
 from .epilogue import affine_act_rows_into
 from .kernel_call import KeptCall
 from .pool2x2 import epilogue_pool_flat, no_pool
@@ -53,11 +53,6 @@ PARALLEL_MIN_TAPS = 32
 #: inference commands, the benchmark) starts every output on a 64-byte line; a layer's own buffer
 #: (numpy's: 16 bytes) streams nothing.
 STREAM = True
-
-_jit = njit(cache=True, nogil=True, inline="always")
-#: A helper of both twins that a parallel caller must not inline (see
-#: `direct_wgrad._weight_grad_parts`).
-_serial = njit(cache=True, nogil=True)
 
 
 #: Most filters of a layer that trains with a kernel other than 3x3: the direct forward beat

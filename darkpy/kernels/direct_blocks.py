@@ -7,6 +7,8 @@ from __future__ import annotations
 from . import njit, simd
 
 _jit = njit(cache=True, nogil=True, inline="always")
+#: A helper that a parallel caller must not inline (see `direct_wgrad._weight_grad_parts`); the
+#: direct family's kernels all take these two.
 _serial = njit(cache=True, nogil=True)
 
 #: Output positions per row block (rows of Lw values): its planes and sums stay in the L1/L2 caches.

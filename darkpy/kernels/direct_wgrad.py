@@ -12,7 +12,8 @@ from numba import prange
 
 from . import PARALLEL_MIN, njit
 from .direct import FILTERS_PER_PASS, _four, _jit, _serial
-from .direct_blocks import PREFETCH_ROWS, _fill, _run, prefetch_block, prefetch_rows
+from .direct_blocks import (PREFETCH_ROWS, _fill, _run, block_input_rows, prefetch_block,
+                            prefetch_rows)
 
 #: Groups of row blocks whose weight-gradient partial sums are added in order at the end.
 WGRAD_GROUPS = 16
@@ -118,7 +119,8 @@ def _wgrad_group(pw, x, d, g, ngroups, sy, sx, pad, rows):
         n = min(rows, OH - oy0)
         if PREFETCH_ROWS and t + 1 < hi:        # the next block's input and delta rows
             prefetch_block(x, t + 1, nblk, rows, sy, pad, k)
-            prefetch_rows(d, (t + 1) // nblk, (t + 1) % nblk * rows, ((t + 1) % nblk + 1) * rows)
+            b, r0, r1 = block_input_rows(t + 1, nblk, rows, 1, 0, 1)
+            prefetch_rows(d, b, r0, r1)
         _fill(pf, x, t // nblk, oy0, n, sy, sx, pad, k, lw)
         _wgrad_block(pw, pf, dd, d, t // nblk, oy0, n, sy, sx, lw)
 

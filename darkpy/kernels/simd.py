@@ -160,8 +160,8 @@ def aligned(typingctx, a, i):
         return None
 
     def codegen(context, builder, sig, args):
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        addr = builder.ptrtoint(builder.gep(data, [args[1]], inbounds=True), ir.IntType(64))
+        addr = builder.ptrtoint(_address(context, builder, sig.args[0], args[0], args[1]),
+                                ir.IntType(64))
         size = LANES * sig.args[0].dtype.bitwidth // 8
         low = builder.and_(addr, ir.Constant(ir.IntType(64), size - 1))
         return builder.icmp_unsigned("==", low, ir.Constant(ir.IntType(64), 0))
