@@ -3,7 +3,7 @@ counted, and an array the kernel made kept alive until `keep`."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from darkpy.kernels.borrow import borrowed, keep
@@ -67,3 +67,20 @@ def test_borrowed_keeps_shape_strides_and_dtype():
         return v.shape, v.strides, v[2, 1, 3]
     shape, strides, value = through(a)
     assert shape == a.shape and strides == a.strides and value == a[2, 1, 3]
+
+
+@njit(parallel=True)
+def _written_in_parallel(a):
+    """a[i] := i + 1 through a view borrowed in each parallel iteration and never read after (the
+    shape of Winograd's filter transform, `winograd._filter`)."""
+    for i in prange(a.shape[0]):
+        v = borrowed(a)
+        v[i] = i + 1.0
+
+
+def test_writes_through_a_borrowed_view_are_kept():
+    """numba's dead-code pass keeps a write into a view only when it knows the view aliases an
+    array that outlives it: `borrowed` is registered as such (without it, nothing was written)."""
+    a = np.zeros(64)
+    _written_in_parallel(a)
+    np.testing.assert_array_equal(a, np.arange(1, 65))

@@ -30,13 +30,18 @@ def thread_count() -> int:
     return n if n > 0 else numba.get_num_threads()
 
 
+#: What a source file mentions when it holds or calls numba kernels (`jit`), or extends what
+#: numba compiles into them (`intrinsic`: kernels/simd.py, kernels/borrow.py, which mention no jit).
+_KERNEL_WORDS = (b"jit", b"intrinsic")
+
+
 def fingerprint(root: Path) -> str:
-    """A hash of the source files under `root` that hold or call numba kernels (that mention
-    `jit`), with their paths."""
+    """A hash of the source files under `root` that hold, call or extend numba kernels (that
+    mention one of _KERNEL_WORDS), with their paths."""
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         text = path.read_bytes()
-        if b"jit" in text:
+        if any(word in text for word in _KERNEL_WORDS):
             h.update(path.relative_to(root).as_posix().encode() + b"\0" + text + b"\0")
     return h.hexdigest()
 

@@ -27,6 +27,7 @@ import numpy as np
 from numba import prange
 
 from . import PARALLEL_MIN, jit, njit, pjit, vjit
+from .borrow import borrowed
 from .activations import (
     GELU,
     GELU_F32,
@@ -156,6 +157,7 @@ def _grad_row(d, y, pre, a):
 
 @jit(inline="always")
 def _bias_act_rows(y, pre, biases, act, keep_pre, bc):
+    y, pre = borrowed(y), borrowed(pre)
     nc = y.shape[1]
     b = bc // nc
     c = bc % nc
@@ -183,6 +185,7 @@ def bias_act_forward(y, pre, biases, act, keep_pre):
 
 @jit(inline="always")
 def _bias_act_grad_channel(delta, y, pre, bias_grad, act, c):
+    delta, y, pre = borrowed(delta), borrowed(y), borrowed(pre)
     acc = 0.0
     for b in range(delta.shape[0]):
         acc += _grad_row(delta[b, c], y[b, c], pre[b, c], act)
@@ -331,6 +334,7 @@ def bias_act_backward_rows(delta, y, pre, bias_grad, act):
 @vjit
 def _grad_sum_chunk(delta, y, pre, acc, a, lo, hi):
     """Rows lo..hi-1 of `bias_act_backward_rows`: acc (C,) := their sum after the activation."""
+    delta, y, pre = borrowed(delta), borrowed(y), borrowed(pre)
     for j in range(acc.shape[0]):
         acc[j] = 0.0
     for b in range(lo, hi):
@@ -341,6 +345,7 @@ def _grad_sum_chunk(delta, y, pre, acc, a, lo, hi):
 def _bn_train_channel(y, xnorm, mean, var, rolling_mean, rolling_var, scales, biases, act,
                       darknet_cpu, c):
     nb, _, ns = y.shape
+    y, xnorm = borrowed(y), borrowed(xnorm)
     n = nb * ns
     acc = 0.0
     for b in range(nb):
@@ -397,6 +402,7 @@ def bn_infer_affine(rolling_mean, rolling_var, scales, biases, darknet_cpu, c):
 
 @jit(inline="always")
 def _bn_infer_row(y, rolling_mean, rolling_var, scales, biases, act, darknet_cpu, bc):
+    y = borrowed(y)
     nc = y.shape[1]
     c = bc % nc
     k, off = bn_infer_affine(rolling_mean, rolling_var, scales, biases, darknet_cpu, c)
@@ -429,6 +435,7 @@ def bn_act_forward_infer(y, rolling_mean, rolling_var, scales, biases, act, dark
 def _bn_grad_channel(delta, y, xnorm, var, scales, biases, bias_grad, scale_grad, act, pre,
                      darknet_cpu, c):
     nb, _, ns = delta.shape
+    delta, y, xnorm, pre = borrowed(delta), borrowed(y), borrowed(xnorm), borrowed(pre)
     n = nb * ns
     keep_pre = needs_input(act)
     g = scales[c]

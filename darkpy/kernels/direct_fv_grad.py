@@ -13,6 +13,7 @@ import numpy as np
 from numba import prange
 
 from . import PARALLEL_MIN, njit, simd
+from .borrow import borrowed
 from .direct_fv import _unit_jit, conv_forward
 from .fv_planes import _pad_item, _source, _tables
 from .fv_tiles import FV, _jit, _serial, _store2, _store8
@@ -85,6 +86,7 @@ def _wgrad_tables(x, d, k, sy, sx, pad):
 def _wgrad_fill(src, dt, x, d, b, pad, plane, wp, npad):
     """Item b's share of the buffers: its padded planes (when padded) and its delta transposed to
     (S, npad), filters last and zero past N."""
+    src, dt, x, d = borrowed(src), borrowed(dt), borrowed(x), borrowed(d)
     if pad:
         _pad_item(src, x, b, pad, plane // wp, wp)
     N = d.shape[1]

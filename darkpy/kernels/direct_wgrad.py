@@ -11,6 +11,7 @@ import numpy as np
 from numba import prange
 
 from . import PARALLEL_MIN, njit
+from .borrow import borrowed
 from .direct import FILTERS_PER_PASS, _four, _jit, _serial
 from .direct_blocks import (PREFETCH_ROWS, _fill, _run, block_input_rows, prefetch_block,
                             prefetch_rows)
@@ -26,6 +27,7 @@ _pjit = njit(cache=True, nogil=True, parallel=True)
 def _wgrad_block(pw, pf, dd, d, b, oy0, rows, sy, sx, lw):
     """pw (N, C, k, k) += the weight gradient over output rows oy0..oy0+rows−1 of item b, from the
     block's planes pf and the delta d (B, N, OH, OW); dd: scratch of N·rows·lw values."""
+    pw, pf, dd, d = borrowed(pw), borrowed(pf), borrowed(dd), borrowed(d)
     N, C, k = pw.shape[0], pw.shape[1], pw.shape[2]
     OW = d.shape[3]
     R = rows + (k - 1) // sy + 1
@@ -59,6 +61,7 @@ def _wgrad_filters3(pw, pf, dd, f0, C, R, sy, sx, lw, M):
     """`_wgrad_block`'s dot products of 3x3 filters f0..f0+3 (those below N): per channel and
     kernel row, the three taps' runs are read once for the four filters' deltas (1.5x faster
     than filter by filter)."""
+    pw, pf, dd = borrowed(pw), borrowed(pf), borrowed(dd)
     _, f1, f2, f3 = _four(f0, pw.shape[0])     # past the last: computed, never added (_add_row)
     d0 = dd[f0 * M:(f0 + 1) * M]
     d1 = dd[f1 * M:(f1 + 1) * M]
