@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from numba import njit
 
 import darkpy.layers.conv_winograd as cw
 import darkpy.layers.convolutional as conv
@@ -608,3 +609,29 @@ def test_kept_transform_only_where_the_fused_bands_take_the_layer(n, chunked, ke
     layer = net.layers[0]
     assert layer.winograd_in_bands(1) is (n == 256)
     assert layer.keep_filters is kept and layer.winograd is kept
+
+
+@njit
+def _filters_pair_by_pair(u, w):
+    """The filter transform one (filter, channel) pair at a time (`winograd._filter`, the scalar
+    code the vector lanes must reproduce)."""
+    for nc in range(w.shape[0] * w.shape[1]):
+        wg._filter(u, w, nc)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("c", [3, 16, 37])
+def test_filter_transform_in_lanes_is_the_pair_by_pair_one_bit_for_bit(dtype, c):
+    """`filters` takes whole vectors of channels in lanes (G's halves in float64 where the scalar
+    code widens) and the rest pair by pair: the same bits as the pair-by-pair code, for weights
+    given as they are and flipped (the input gradient's strided view), into U rows padded apart."""
+    rng = np.random.default_rng(c)
+    n = 20                          # the flipped view's channels: a vector and 4 more
+    w = (rng.standard_normal((n, c, 3, 3)) * 1e3 ** rng.integers(-2, 3, (n, c, 1, 1))).astype(dtype)
+    for weights in (w, w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1]):
+        a, b = weights.shape[:2]
+        rows = np.full((2, 16, a * b + 7), np.nan, dtype)
+        got, want = (r[:, :a * b].reshape(16, a, b) for r in rows)
+        wg.filters(got, weights)
+        _filters_pair_by_pair(want, weights)
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))

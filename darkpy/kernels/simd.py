@@ -100,6 +100,18 @@ def flat(typingctx, a):
 
 
 @intrinsic
+def unit_stride(typingctx, a):
+    """A 1-D float array whose stride is its item size (the caller's to check) typed as the
+    C-contiguous array `load` and `store` take: a row of an array padded between rows."""
+    if not (isinstance(a, types.Array) and a.ndim == 1 and isinstance(a.dtype, types.Float)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return impl_ret_borrowed(context, builder, sig.return_type, args[0])
+    return types.Array(a.dtype, 1, "C")(a), codegen
+
+
+@intrinsic
 def load(typingctx, a, i):
     """a[i:i+LANES] as a vector (no bounds check)."""
     if not (_float_array(a) and isinstance(i, types.Integer)):
