@@ -75,8 +75,8 @@ def _filter_row(u, w, f):
     the same bits. Against pair by pair in one parallel loop (float32, U's rows padded as the
     layer's, 2 threads, 2-core Zen 5): 512 -> 512 0.83 -> 0.63 ms, its flipped filters (the input
     gradient's, strided) 0.95 -> 0.56; 1024 -> 512 2.03 -> 1.28 and 2.19 -> 1.42 ms; in
-    darknet19's training step at b16 the 20 transforms 27.5 -> 20.8 ms. Writing U (16 values for
-    every 9 weights) bounds it now."""
+    darknet19's training step at b16 the 20 transforms 23.3 -> 20.3-22.7 ms. Writing U (16 values
+    for every 9 weights) bounds it now."""
     c = w.shape[1]
     u, w = borrowed(u), borrowed(w)
     full = c - c % simd.LANES if u.strides[2] == u.itemsize else 0
