@@ -125,9 +125,10 @@ def ref_argmax(x, size, sy, sx, padding):
     return out, idx
 
 
-@pytest.mark.parametrize("size,sy,sx,padding", GEOMETRIES + [(2, 1, 1, 5), (3, 2, 2, 6)])
+@pytest.mark.parametrize("size,sy,sx,padding", GEOMETRIES + [(2, 1, 1, 5), (3, 2, 2, 6), (2, 2, 2, 0),
+                                                 (2, 2, 2, 2)])   # 2x2/2 from offset 0, and from -1
 @pytest.mark.parametrize("c", [3, 120])     # 120 planes: above PARALLEL_MIN inputs, the parallel loop
-@pytest.mark.parametrize("h,w", [(13, 17), (12, 16)])   # even: 2x2/2 takes the flattened-rows path
+@pytest.mark.parametrize("h,w", [(13, 17), (12, 16)])   # 2x2/2 from offset 0: `maxpool_2x2`
 def test_maxpool_argmax_and_inference_pass_match_reference(size, sy, sx, padding, c, h, w):
     """The training pass records the first maximum's index (many ties: values from a small set) at
     every window position, edge windows and windows entirely outside the image included; the
