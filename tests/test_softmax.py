@@ -115,6 +115,17 @@ def test_huge_logits_give_a_finite_loss():
     assert net.layers[1].cost == pytest.approx(400.0)
 
 
+def test_far_tails_keep_every_representable_probability():
+    """Arguments of exp below float64's range give 0 without calling it; the float64 path still
+    keeps probabilities down to its subnormals, and float32's its own."""
+    x = np.array([[0.0, -700.0, -745.0, -746.5, -1e4, -90.0]])
+    out = soft_net(n=6, batch=1).forward(x)
+    assert out[0, 1] == np.exp(-700.0) and out[0, 2] == np.exp(-745.0) > 0
+    assert out[0, 3] == out[0, 4] == 0.0 and out[0, 0] == 1.0
+    out32 = network_from_text("[net]\nbatch=1\ninputs=6\n\n[softmax]\n").forward(x.astype(np.float32))
+    assert out32.dtype == np.float32 and out32[0, 5] == np.float32(np.exp(-90.0)) > 0
+
+
 def test_noloss_with_truth_has_zero_cost_and_no_delta():
     net = soft_net(n=4, batch=1, extra="noloss=1\n")
     net.forward(np.ones((1, 4)), np.array([[1.0, 0, 0, 0]]), train=True)
