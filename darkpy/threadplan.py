@@ -19,7 +19,8 @@ from the second thread depends on the machine, its load, the batch and the input
 - that choice is checked in place: for up to CHECK_ROUNDS rounds of as many passes run as chosen,
   a layer left on all threads whose time there is not clearly above its one-thread time moves to
   one thread. In the alternating passes every layer found the pool awake (its predecessor had just
-  used it); in the chosen plan a layer after one that ran on one thread must wake the pool first,
+  used it; before the first layer of an all-threads pass, which follows a one-thread pass, a
+  region that does nothing wakes it, `_wake`); in the chosen plan a layer after one that ran on one thread must wake the pool first,
   which costs it what the second thread gained on a machine where waking is slow (on the Firecracker
   VM shapes-tiny's 32 -> 64 layer at b1 took 167 µs on one thread and 186-206 µs on two after a
   one-thread layer, though 144 µs with the pool awake). A round that moves no layer ends the checks.
@@ -36,9 +37,11 @@ import time
 from typing import Callable, Sequence
 
 import numba
+import numpy as np
+from numba import prange
 from numba.np.ufunc import parallel as _numba_parallel
 
-from .kernels import thread_count
+from .kernels import pjit, thread_count
 
 #: Timed passes per arm (all threads, one thread) before a layer's thread count is chosen, where
 #: the first timed pass took less than LONG_PASS_S, else SAMPLES_LONG (a training step of seconds
@@ -177,6 +180,8 @@ class ThreadPlan:
         timed = self.passes > 0
         arm = (self.passes - 1) % 2 if timed else 0          # 0: all threads, 1: one thread
         numba.set_num_threads(self.threads if arm == 0 else 1)
+        if timed and arm == 0 and self.threads > 1:
+            _wake(_WAKE_OUT)
         best = self.best[arm]
         clock = self.clock
         total = 0.0
@@ -253,3 +258,18 @@ class ThreadPlans:
 
     def clear(self) -> None:
         self._plans.clear()
+
+
+#: `_wake`'s output: one value per thread of any pool up to this size.
+_WAKE_OUT = np.zeros(256)
+
+
+@pjit
+def _wake(out):
+    """A parallel region that does nothing useful: it wakes numba's pool before an all-threads
+    measuring pass, whose first layer would otherwise pay the wake-up the one-thread pass before
+    left it (36 µs on the 2-core AVX-512 Xeon VM, `benchmarks/wake_cost.py`), where a settled
+    plan's pass finds the pool as the pass before left it (cifar.cfg's first layer at b1 was put
+    on one thread for it: 70 µs there, 45 on two)."""
+    for i in prange(out.shape[0]):
+        out[i] = i

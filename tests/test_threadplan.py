@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
+from darkpy import threadplan
 from darkpy.network import load_network, network_from_text
 from darkpy.threadplan import (CHECK_ROUNDS, LONG_PASS_S, ONE_THREAD_BELOW, SAMPLES, SAMPLES_LONG,
                                SWITCH_S, ThreadPlan, forward_runs)
@@ -111,6 +112,33 @@ def test_choice_checked_in_place_moves_layers_that_pay_for_waking_the_pool():
     before = clock.now
     plan.run(range(3), clock.step)
     assert clock.now - before == 2.0 + 3.5 + 3.0
+
+
+def test_all_threads_measuring_passes_wake_the_pool_first(monkeypatch):
+    """Each timed all-threads pass follows a one-thread pass, which let the pool sleep: the plan
+    wakes it before the pass's first layer (`_wake`), so that layer's time there is its own, as a
+    settled plan's pass finds the pool, not a wake-up's. One-thread passes, the untimed first pass
+    and settled passes wake nothing."""
+    clock = WakeClock({0: (3.0, 3.5), 1: (2.0, 3.0)}, wake=2.0)
+    plan = ThreadPlan(2, 2, clock=clock)
+    woken, steps = [], []
+
+    def wake(out):
+        woken.append((plan.passes, len(steps)))
+        clock.awake = True
+
+    def step(i):
+        steps.append(i)
+        clock.step(i)
+
+    monkeypatch.setattr(threadplan, "_wake", wake)
+    while plan.choice is None:
+        plan.run(range(2), step)
+    assert woken == [(p, 2 * p) for p in range(1, 2 * SAMPLES_LONG, 2)]
+    assert plan.choice == [2, 2] and plan.best[0][0] == 3.0
+    while plan.checks:
+        plan.run(range(2), step)
+    assert len(woken) == SAMPLES_LONG
 
 
 def test_check_leaves_layers_a_stopped_pass_never_reached():
