@@ -121,12 +121,15 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
     threads (`_split`), a stack's matrices as runs on numba's threads or concurrent streams
     (`STREAM_MIN_MACS`), or on darkpy's own GEMM (`OWN_STACK_MAX_ROWS`). Other dtypes on
     `threads_for` BLAS threads (float32 too without the ILP64 sgemm, kernels/cblas.py), then back
-    to the run's count, so GEMMs elsewhere are unaffected.
+    to the run's count, so GEMMs elsewhere are unaffected. A float32 matrix-vector product (one
+    column of out, or one row against a transposed matrix) runs on darkpy's `gemm.gemv`.
     Plain np.matmul until `configure` has run (a library user's own settings stay) or without
     OpenBLAS."""
     macs = a.shape[-2] * a.shape[-1] * b.shape[-1]
     if not _state["set"]:
         return np.matmul(a, b, out=out)
+    if _gemv(a, b, out):
+        return out
     stack = math.prod(out.shape[:-2]) if out is not None and out.ndim >= 3 else 1
     if _own_stack(a, b, out, macs * stack):
         return out
@@ -144,6 +147,30 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
         return np.matmul(a, b, out=out)
     finally:
         _set(_state["max"])
+
+
+def _gemv(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> bool:
+    """out := a @ b by `gemm.gemv` where it is one float32 matrix-vector product: a (M, K) C-contiguous
+    and b K values in a column (out M values), or a one row of K values and b the transpose of a
+    C-contiguous (N, K) matrix (out N values), each operand a contiguous array (out too, any
+    shape); whether it ran. (numpy runs either on OpenBLAS's sgemv, on one thread here.)"""
+    if not (GEMV and out is not None and out.flags.c_contiguous
+            and a.dtype == b.dtype == out.dtype == np.float32):
+        return False
+    k = a.shape[-1]
+    if (a.ndim == 2 and a.flags.c_contiguous and b.size == k == b.shape[-2]
+            and b.flags.c_contiguous and out.size == a.shape[0]):
+        gemm.gemv(out.reshape(-1), a, b.reshape(-1))
+        return True
+    if (b.ndim == 2 and b.T.flags.c_contiguous and a.size == k == b.shape[0]
+            and a.flags.c_contiguous and out.size == b.shape[1]):
+        gemm.gemv(out.reshape(-1), b.T, a.reshape(-1))
+        return True
+    return False
+
+
+#: `matmul` runs a float32 matrix-vector product on `gemm.gemv` (False: numpy's, to compare).
+GEMV = True
 
 
 #: A float32 GEMM of at least BLAS_PARALLEL_MIN_MACS multiply-adds, or a stack of them, runs cut

@@ -157,3 +157,55 @@ def test_matmul_takes_the_stacked_gemm_for_few_filters(monkeypatch, blas_state):
     a = rng.standard_normal((16, 128)).astype(np.float32)
     blas.matmul(a, b, out=np.empty((4, 16, s), np.float32))
     assert calls == []
+
+
+@pytest.mark.parametrize("m, k", [(10, 512), (33, 7), (1000, 1024), (gemm.GEMV_ROWS * 3 + 5, 700)])
+def test_gemv_against_float64_and_the_same_bits_on_any_threads(m, k):
+    """Each value one dot product: within float32 rounding of the float64 product, in the serial
+    branch (below GEMV_PARALLEL_MIN values) and the parallel one (a last partial block of rows),
+    with the same bits on one thread as on two."""
+    rng = np.random.default_rng(m + k)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    x = rng.standard_normal(k).astype(np.float32)
+    ref = a.astype(np.float64) @ x.astype(np.float64)
+    ys = []
+    for threads in (1, 2):
+        saved = numba.get_num_threads()
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        try:
+            y = np.full(m, np.nan, np.float32)
+            gemm.gemv(y, a, x)
+        finally:
+            numba.set_num_threads(saved)
+        ys.append(y)
+    bound = 4 * np.finfo(np.float32).eps * (np.abs(a).astype(np.float64) @ np.abs(x)) * np.sqrt(k)
+    assert np.all(np.abs(ys[0] - ref) <= bound)
+    assert np.array_equal(ys[0], ys[1])
+    assert (m * k >= gemm.GEMV_PARALLEL_MIN) == (m == 1000 or k == 700)
+
+
+def test_matmul_takes_gemv_for_a_column_or_a_row(monkeypatch, blas_state):
+    """blas.matmul gives a float32 matrix times a column (a 1x1 convolution on a 1x1 map at batch 1,
+    its column possibly a (1, K, 1) stack) and a row times a transposed C-contiguous matrix (a
+    connected layer at batch 1) to `gemm.gemv`, everything else to the other paths, with numpy's
+    products either way."""
+    blas.configure(2)
+    calls = []
+    real = gemm.gemv
+    monkeypatch.setattr(gemm, "gemv", lambda y, a, x: (calls.append(a.shape), real(y, a, x)))
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((300, 200)).astype(np.float32)
+    cases = [(w, rng.standard_normal((200, 1)), (300, 1), True),
+             (w, rng.standard_normal((1, 200, 1)), (1, 300, 1), True),
+             (rng.standard_normal((1, 300)).astype(np.float32), w, (1, 200), False),  # w as it is
+             (rng.standard_normal((1, 200)).astype(np.float32), w.T, (1, 300), True),  # x @ wᵀ
+             (w, rng.standard_normal((200, 2)), (300, 2), False),            # two columns
+             (w[:, :100], rng.standard_normal((100, 1)), (300, 1), False),   # w not contiguous
+             (w.astype(np.float64), rng.standard_normal((200, 1)), (300, 1), False)]
+    for a, b, shape, taken in cases:
+        b = b.astype(a.dtype)
+        out = np.full(shape, np.nan, a.dtype)
+        calls.clear()
+        blas.matmul(a, b, out=out)
+        assert bool(calls) == taken, (a.shape, b.shape)
+        np.testing.assert_allclose(out, np.matmul(a.astype(np.float64), b), rtol=1e-4, atol=1e-4)
