@@ -134,3 +134,70 @@ def test_the_convolution_before_writes_the_means(batch, monkeypatch):
     net.unshare_outputs()
     assert net.layers[0].means_into is None and net.layers[1].means_by is None
     np.testing.assert_array_equal(net.forward(x), ref)
+
+
+#: conv 3x3 3 -> 16, then the pair's producer: conv 3x3 16 -> {c} ({act}), conv 1x1 -> avgpool
+WIDE = """
+[net]
+width={s}
+height={s}
+channels=3
+[convolutional]
+batch_normalize=1
+filters=16
+size=3
+pad=1
+activation=leaky
+[convolutional]
+batch_normalize=1
+filters={c}
+size=3
+pad=1
+activation={act}
+[convolutional]
+filters=10
+size=1
+activation=linear
+[avgpool]
+[softmax]
+"""
+
+
+@pytest.mark.parametrize("path,s,c,batch,act", [
+    ("winograd", 15, 48, 6, "leaky"),       # chunked Winograd: odd maps, cropped tiles
+    ("winograd", 8, 32, 40, "mish"),        # more planes than one task's group, a mish
+    ("gemm", 7, 48, 8, "leaky")])           # BLAS's product: the pair averages itself
+def test_winograd_producer_writes_the_means(path, s, c, batch, act, monkeypatch):
+    """The producer before the pair writes the means of its maps on Winograd's chunked path (each
+    plane's as it is finished; its output is not written): the pool's output is that of the layers
+    run apart within rounding. On the GEMM path it writes its output, and the pair averages it."""
+    from darkpy.layers import conv_winograd, convolutional
+    monkeypatch.setattr(convolutional, "DIRECT_FV", False)
+    monkeypatch.setattr(convolutional, "DIRECT", False)
+    monkeypatch.setattr(conv_winograd, "FUSED_BANDS", False)
+    if path == "gemm":
+        monkeypatch.setattr(convolutional, "WINOGRAD", False)
+    else:                                   # several chunks of items (each's means)
+        monkeypatch.setattr(convolutional, "WINOGRAD_MIN_TILES", 1)
+        monkeypatch.setattr(conv_winograd, "WINOGRAD_INFER_CHUNK_VALUES", 1 << 16)
+    net = network_from_text(WIDE.format(s=s, c=c, act=act), batch=batch)
+    sane_weights(net.layers)
+    x = np.random.default_rng(5).uniform(-1, 1, net.input.shape).astype(np.float32)
+    ref = net.forward(x).copy()
+    pooled = net.layers[3].output.copy()
+    averaged = []
+    real = conv_averaged.avgpool_forward
+    monkeypatch.setattr(conv_averaged, "avgpool_forward", lambda *a: (averaged.append(1), real(*a)))
+    net.share_outputs(keep=[3])
+    producer, writes = net.layers[1], path == "winograd"
+    assert producer.wchunk < batch or not writes
+    assert producer.winograd == writes and net.layers[2].average_into is net.layers[3]
+    assert (producer.means_into is net.layers[2]) == writes
+    net._arena[...] = np.nan
+    for _ in range(2):
+        np.testing.assert_allclose(net.forward(x), ref, rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(net.layers[3].output, pooled, rtol=2e-5, atol=1e-6)
+    assert bool(averaged) != writes
+    if writes:                              # the maps themselves were never written
+        assert np.isnan(producer.output).all()
+    net.unshare_outputs()

@@ -39,6 +39,7 @@ from . import PARALLEL_MIN, jit, pjit, simd
 from .borrow import borrowed, keep
 from .bn import affine_act_row
 from .pool2x2 import epilogue_pool_rows, no_pool
+from .vecmath import row_sum
 
 
 def tiles(out_h: int, out_w: int) -> tuple[int, int]:
@@ -279,14 +280,15 @@ def _output_plane(yf, m, f, t, add):
 
 # compiled once for both twins, not inlined into each (a task is POOL_GROUP whole planes)
 @jit
-def _output_units(y, m, g, add, k, off, act, p):
+def _output_units(y, m, g, add, k, off, act, p, mean):
     """Planes fb = f·nb + b in group g (POOL_GROUP planes) of `outputs`, each then act(plane·k[f] +
-    off[f]) in place when k is not empty; with a pooled output p, each plane goes to one scratch
-    plane instead (made once per group of planes, not once per plane: 2048 allocations per call on
-    digits' 8x8 maps at b64) and its 2x2 maxima to p."""
+    off[f]) in place when k is not empty; with a pooled output p or means, each plane goes to one
+    scratch plane instead (made once per group of planes, not once per plane: 2048 allocations per
+    call on digits' 8x8 maps at b64) and its 2x2 maxima to p, or its mean to mean[b, f]."""
     nb, n, oh, ow = y.shape
     pooled = p.shape[0] > 0
-    plane = np.empty((oh if pooled else 0, ow), y.dtype)
+    averaged = mean.shape[0] > 0
+    plane = np.empty((oh if pooled or averaged else 0, ow), y.dtype)
     for fb in range(g * POOL_GROUP, min((g + 1) * POOL_GROUP, nb * n)):
         f = fb // nb
         b = fb % nb
@@ -294,6 +296,12 @@ def _output_units(y, m, g, add, k, off, act, p):
         if pooled:
             _output_plane(plane, m, f, t, False)
             epilogue_pool_rows(p[b, f], plane, k[f], off[f], act)
+            continue
+        if averaged:
+            _output_plane(plane, m, f, t, False)
+            row = simd.flat(plane)
+            affine_act_row(row, k[f], off[f], act)
+            mean[b, f] = row_sum(row, row.shape[0]) / row.shape[0]
             continue
         _output_plane(y[b, f], m, f, t, add)
         if k.shape[0]:
@@ -307,7 +315,7 @@ POOL_GROUP = 8
 _NO_AFFINE = np.empty(0)
 
 
-def outputs(y, m, add, k=_NO_AFFINE, off=_NO_AFFINE, act=0, pool=None):
+def outputs(y, m, add, k=_NO_AFFINE, off=_NO_AFFINE, act=0, pool=None, mean=None):
     """y: (nb, n, oh, ow) output, written (add=False) or ADDED to (add=True); m: (16, n, nb·th·tw)
     the transformed products. Each tile is Aᵀ m A, its 2x2 block cropped at the image edge.
     k, off: (n,) float64 (and the activation code `act`), or empty: then each written plane becomes
@@ -315,21 +323,29 @@ def outputs(y, m, add, k=_NO_AFFINE, off=_NO_AFFINE, act=0, pool=None):
     gives batch norm's k and off, the same values `bn.bn_act_forward_infer` uses, so the result is
     the same bits as that separate pass). `pool` (nb, n, oh/2, ow/2), with k given and even oh, ow:
     each finished plane's 2x2 stride-2 maxima go there and y is not written (kernels/pool2x2.py).
-    Serial below PARALLEL_MIN output values."""
+    `mean` (nb, n), with k given: each finished plane's mean goes there and y is not written (its
+    sum in float64 in 8 lanes, `vecmath.row_sum`, not [avgpool]'s float sum in order: one chain of
+    49 dependent adds on a 7x7 plane, which took as long as writing the plane). Serial below
+    PARALLEL_MIN output values."""
     run = _outputs_parallel if y.size >= PARALLEL_MIN else _outputs_serial
-    run(y, m, add, k, off, act, no_pool(y.dtype) if pool is None else pool)
+    run(y, m, add, k, off, act, no_pool(y.dtype) if pool is None else pool,
+        _NO_MEANS[y.dtype.itemsize] if mean is None else mean)
+
+
+#: `outputs`' mean argument when there is none (by itemsize: float32, float64)
+_NO_MEANS = {4: np.empty((0, 0), np.float32), 8: np.empty((0, 0), np.float64)}
 
 
 @pjit
-def _outputs_parallel(y, m, add, k, off, act, p):
+def _outputs_parallel(y, m, add, k, off, act, p, mean):
     for g in prange((y.shape[0] * y.shape[1] + POOL_GROUP - 1) // POOL_GROUP):
-        _output_units(y, m, g, add, k, off, act, p)
+        _output_units(y, m, g, add, k, off, act, p, mean)
 
 
 @jit
-def _outputs_serial(y, m, add, k, off, act, p):
+def _outputs_serial(y, m, add, k, off, act, p, mean):
     for g in range((y.shape[0] * y.shape[1] + POOL_GROUP - 1) // POOL_GROUP):
-        _output_units(y, m, g, add, k, off, act, p)
+        _output_units(y, m, g, add, k, off, act, p, mean)
 
 
 # ---- adjoints, for the weight gradient: dU[ξ] = dM[ξ] @ V[ξ]ᵀ between them ----------------------

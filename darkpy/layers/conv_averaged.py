@@ -30,6 +30,7 @@ from numba import prange
 
 from ..kernels import jit, pjit, simd, thread_count
 from ..kernels.microgemm import CV, rows8x1, rows8x2
+from .base import State
 from .pooling import avgpool_forward
 
 #: Most input values and multiply-adds (batch · c · n) of a pair computed in one serial kernel
@@ -86,6 +87,28 @@ class AveragedConv:
     def _blocked(self) -> bool:
         """Whether `_forward_averaged` takes the product filters by items (`_product_blocked`)."""
         return self._means_t.size > 0
+
+    def writes_means(self) -> bool:
+        """Whether an inference forward can write the means of its output maps instead of its
+        output, for a following convolution that averages its input first
+        (`outputs_plan.fuse_pools`): the direct path across filters (`_fv_writes_means`), and
+        Winograd's chunked path, each output plane's mean as the plane is finished, in the cache
+        (darknet19's 1024 -> 1000 at b64 averaging its 12.8 MB input itself took 1.10 ms, 0.50
+        after the 512 -> 1024 before it wrote the means; that one's time level; 2 threads, 2-core
+        AVX-512 Zen 5). Not the GEMM paths: a pass taking the means after BLAS's product cost
+        tiny.cfg's 512 -> 128 on 14x14 at b64 what its 128 -> 1000 saved (0.12-0.23 ms)."""
+        if self.winograd:
+            return not self.winograd_in_bands(self.batch)
+        return self._fv_writes_means()
+
+    def _forward_means(self, s: State, x: np.ndarray, y: np.ndarray, mean: np.ndarray) -> None:
+        """An inference forward writing its maps' means into `mean` (B, n) (`writes_means`)."""
+        epilogue = self._epilogue(False)
+        if self.direct_fv:
+            self._keep_call(s, self._forward_fv(x, y, epilogue, mean=mean))
+        else:
+            self._winograd(x, self.weights.value, self.padding, y, add=False, epilogue=epilogue,
+                           u=self.kept_filters() if self.keep_filters else None, mean=mean)
 
     def input_means(self) -> np.ndarray:
         """The (B, c) means of the input, for the layer before to write (`means_by`, set by

@@ -145,7 +145,7 @@ class WinogradConv:
 
     def _winograd(self, x: np.ndarray, w: np.ndarray, pad: int, y: np.ndarray, add: bool,
                   keep: bool = False, epilogue: tuple = (), u: np.ndarray | None = None,
-                  pool: np.ndarray | None = None) -> None:
+                  pool: np.ndarray | None = None, mean: np.ndarray | None = None) -> None:
         """y (B, n', oh', ow') = (or +=) the 3x3 stride-1 correlation of x (B, c', h', w') with the
         filters w (n', c', 3, 3) and padding `pad`, by Winograd F(2x2, 3x3), `self.wchunk` items at
         a time. Forward: x the input, w the weights. Backward: x the delta, w the weights flipped
@@ -153,13 +153,15 @@ class WinogradConv:
         to `vkeep` (for the weight gradient) instead of the workspace. `epilogue`: (k, off, act)
         of `inference_epilogue`, applied to each output plane as it is written. `u`: w's filter
         transform when kept (`kept_filters`), else it is made into the workspace. `pool`, with an
-        epilogue: the 2x2 maxima of each finished plane go there instead of y (`wg.outputs`)."""
+        epilogue: the 2x2 maxima of each finished plane go there instead of y (`wg.outputs`);
+        `mean` (B, n'), with an epilogue, on the chunked path: each finished plane's mean."""
         n, c = w.shape[:2]
         if u is None:
             u = _xi_view(0, n, c, self.dtype)
             wg.filters(u, w)
         th, tw = wg.tiles(*y.shape[2:])
-        if FUSED_BANDS and (FUSED_KEEP or not keep) and _fused(c, n, th * tw, y.shape[0]):
+        if (FUSED_BANDS and (FUSED_KEEP or not keep) and mean is None
+                and _fused(c, n, th * tw, y.shape[0])):
             k, off, act = epilogue if epilogue else (_NONE, _NONE, 0)
             threads = thread_count()
             bands = wf.band_count(tw, th, c, n, y.shape[0], threads)
@@ -172,7 +174,8 @@ class WinogradConv:
             wg.inputs(vrows, x[items], pad)
             # the 16 GEMMs in one call (numpy loops over ξ)
             blas.matmul(u, _as_matrices(vrows, c, m.shape[2]), out=m)
-            wg.outputs(y[items], m, add, *epilogue, pool=None if pool is None else pool[items])
+            wg.outputs(y[items], m, add, *epilogue, pool=None if pool is None else pool[items],
+                       mean=None if mean is None else mean[items])
 
     def winograd_in_bands(self, batch: int) -> bool:
         """Whether this layer's inference forward on Winograd at `batch` takes the fused bands

@@ -370,10 +370,8 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
                 or self._fv_writes_pooled())
 
     def can_write_means(self) -> bool:
-        """Whether an inference forward can write the means of its output maps instead of the
-        output, for a following convolution that averages its input first
-        (`outputs_plan.fuse_pools`): the direct path across filters (`_fv_writes_means`)."""
-        return FUSED_EPILOGUE and self._fv_writes_means()
+        """`writes_means` (layers/conv_averaged.py), with the fused epilogues on."""
+        return FUSED_EPILOGUE and self.writes_means()
 
     def _use_winograd(self, batch: int) -> bool:
         """Winograd for this batch: a shape it computes (`winograd_tiles`) with enough output tiles
@@ -463,8 +461,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
                 self._fused = True
                 return
             if self.means_into is not None:
-                self._keep_call(s, self._forward_fv(x, y, self._epilogue(False),
-                                                    mean=self.means_into.input_means()))
+                self._forward_means(s, x, y, self.means_into.input_means())
                 return
             if self.pool_into is not None:
                 pool = self.pool_into.output.reshape(self.batch, self.n, oh // 2, ow // 2)
