@@ -150,10 +150,10 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
 
 
 def _gemv(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> bool:
-    """out := a @ b by `gemm.gemv` where it is one float32 matrix-vector product: a (M, K) C-contiguous
-    and b K values in a column (out M values), or a one row of K values and b the transpose of a
-    C-contiguous (N, K) matrix (out N values), each operand a contiguous array (out too, any
-    shape); whether it ran. (numpy runs either on OpenBLAS's sgemv, on one thread here.)"""
+    """out := a @ b by `gemm.gemv` where it is one float32 matrix-vector product: a (M, K)
+    C-contiguous and b K values in a column (out M values), or a: one row of K values and b the
+    transpose of a C-contiguous (N, K) matrix (out N values), each operand a contiguous array (out
+    too, any shape); whether it ran. (numpy runs either on OpenBLAS's sgemv, on one thread here.)"""
     if not (GEMV and out is not None and out.flags.c_contiguous
             and a.dtype == b.dtype == out.dtype == np.float32):
         return False

@@ -20,7 +20,8 @@ from the second thread depends on the machine, its load, the batch and the input
   a layer left on all threads whose time there is not clearly above its one-thread time moves to
   one thread. In the alternating passes every layer found the pool awake (its predecessor had just
   used it; before the first layer of an all-threads pass, which follows a one-thread pass, a
-  region that does nothing wakes it, `_wake`); in the chosen plan a layer after one that ran on one thread must wake the pool first,
+  region that does nothing wakes it, `_wake`); in the chosen plan a layer after one that ran on
+  one thread must wake the pool first,
   which costs it what the second thread gained on a machine where waking is slow (on the Firecracker
   VM shapes-tiny's 32 -> 64 layer at b1 took 167 µs on one thread and 186-206 µs on two after a
   one-thread layer, though 144 µs with the pool awake). A round that moves no layer ends the checks.
@@ -269,7 +270,7 @@ def _wake(out):
     """A parallel region that does nothing useful: it wakes numba's pool before an all-threads
     measuring pass, whose first layer would otherwise pay the wake-up the one-thread pass before
     left it (36 µs on the 2-core AVX-512 Xeon VM, `benchmarks/wake_cost.py`), where a settled
-    plan's pass finds the pool as the pass before left it (cifar.cfg's first layer at b1 was put
-    on one thread for it: 70 µs there, 45 on two)."""
+    plan's pass finds the pool as the pass before left it. On the 2-core Zen 5 VM cifar.cfg's
+    first layer at b1 was put on one thread for it: 70 µs there, 43-45 on two."""
     for i in prange(out.shape[0]):
         out[i] = i
