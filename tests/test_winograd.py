@@ -635,3 +635,29 @@ def test_filter_transform_in_lanes_is_the_pair_by_pair_one_bit_for_bit(dtype, c)
         wg.filters(got, weights)
         _filters_pair_by_pair(want, weights)
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@njit
+def _adjoint_pair_by_pair(dw, du):
+    """The filter transform's adjoint one (filter, channel) pair at a time
+    (`winograd._filter_adjoint_add`, the scalar code the vector lanes must reproduce)."""
+    for nc in range(dw.shape[0] * dw.shape[1]):
+        wg._filter_adjoint_add(dw, du, nc)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n, c", [(20, 3), (20, 37), (40, 16), (17, 35), (64, 48)])
+def test_filter_adjoint_in_lanes_is_the_pair_by_pair_one_bit_for_bit(dtype, n, c):
+    """`filters_adjoint_add` takes whole vectors of channels (dU's rows along c) or of filters (the
+    fused weight gradient's transposed dU) in lanes, the rest pair by pair, and adds into dw: the
+    same bits as the pair-by-pair code, whatever the values' magnitudes."""
+    rng = np.random.default_rng(n * c)
+    base = (rng.standard_normal((16, n, c)) * 1e3 ** rng.integers(-2, 3, (1, n, c))).astype(dtype)
+    transposed = np.ascontiguousarray(base.transpose(0, 2, 1)).transpose(0, 2, 1)
+    assert transposed.strides[1] == transposed.itemsize
+    for du in (base, transposed, base[:, :, ::-1]):         # the last: neither in unit steps
+        dw = rng.standard_normal((n, c, 3, 3)).astype(dtype)
+        got, want = dw.copy(), dw.copy()
+        wg.filters_adjoint_add(got, du)
+        _adjoint_pair_by_pair(want, du)
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))

@@ -406,14 +406,91 @@ def _gt_row(a0, a1, a2, a3):
 @pjit
 def filters_adjoint_add(dw, du):
     """dw: (n, c, 3, 3) weight gradient, ADDED to: Gᵀ dU G per filter (the adjoint of `filters`);
-    du: (16, n, c). Serial below PARALLEL_MIN values of dU."""
+    du: (16, n, c), its rows along c or along n (the fused weight gradient's, transposed) in unit
+    steps. Filter by filter with the channels in vector lanes, or channel by channel with the
+    filters in them (`_adjoint_part`). Serial below PARALLEL_MIN values of dU."""
     n, c = dw.shape[0], dw.shape[1]
+    by_filter = du.strides[2] == du.itemsize
+    parts = n if by_filter else c
     if 16 * n * c < PARALLEL_MIN:
-        for nc in range(n * c):
-            _filter_adjoint_add(dw, du, nc)
+        for i in range(parts):
+            _adjoint_part(dw, du, i, by_filter)
     else:
-        for nc in prange(n * c):
-            _filter_adjoint_add(dw, du, nc)
+        for i in prange(parts):
+            _adjoint_part(dw, du, i, by_filter)
+
+
+@jit
+def _adjoint_part(dw, du, i, by_filter):
+    """Filter i (by_filter: its channels LANES at a time), else channel i (its filters LANES at a
+    time) of `filters_adjoint_add`, the nine sums of each vector into a float64 scratch
+    (`_adjoint_lanes`, tap-major) then added to dw one by one, the last values that make no whole
+    vector pair by pair (`_filter_adjoint_add`); du's rows along the lanes in unit steps, else
+    every pair by pair. The same operations on the same types lane by lane as
+    `_filter_adjoint_add`: the same bits. Against pair by pair (float32, 2 threads, 2-core Zen 5):
+    see the commit that brought it."""
+    n, c = dw.shape[0], dw.shape[1]
+    du, dw = borrowed(du), borrowed(dw)
+    p = np.int64(i)                     # (a prange index may come unsigned: it mixes with j's)
+    along = c if by_filter else n
+    unit = du.strides[2 if by_filter else 1] == du.itemsize
+    full = along - along % simd.LANES if unit else 0
+    if full:
+        made = np.empty(9 * full, np.float64)
+        sums = borrowed(made)
+        for j0 in range(0, full, simd.LANES):
+            _adjoint_lanes(sums, du, p, full, j0, by_filter)
+        for j in range(full):
+            f, ch = (p, j) if by_filter else (j, p)
+            for ky in range(3):
+                for kx in range(3):
+                    dw[f, ch, ky, kx] += sums[(3 * ky + kx) * full + j]
+        keep(made)
+    for j in range(full, along):
+        _filter_adjoint_add(dw, du, p * c + j if by_filter else j * c + p)
+
+
+@jit(inline="always")
+def _adjoint_lanes(sums, du, i, full, j0, by_filter):
+    """Gᵀ dU G of the LANES pairs from j0 of part i into `sums` (tap k of lane pair j at
+    sums[k·full + j], float64)."""
+    t00, t10, t20 = _gt_lanes(_du(du, 0, i, j0, by_filter), _du(du, 4, i, j0, by_filter),
+                              _du(du, 8, i, j0, by_filter), _du(du, 12, i, j0, by_filter))
+    t01, t11, t21 = _gt_lanes(_du(du, 1, i, j0, by_filter), _du(du, 5, i, j0, by_filter),
+                              _du(du, 9, i, j0, by_filter), _du(du, 13, i, j0, by_filter))
+    t02, t12, t22 = _gt_lanes(_du(du, 2, i, j0, by_filter), _du(du, 6, i, j0, by_filter),
+                              _du(du, 10, i, j0, by_filter), _du(du, 14, i, j0, by_filter))
+    t03, t13, t23 = _gt_lanes(_du(du, 3, i, j0, by_filter), _du(du, 7, i, j0, by_filter),
+                              _du(du, 11, i, j0, by_filter), _du(du, 15, i, j0, by_filter))
+    _sum_row(sums, 0, full, j0, _gt_lanes(t00, t01, t02, t03))
+    _sum_row(sums, 3, full, j0, _gt_lanes(t10, t11, t12, t13))
+    _sum_row(sums, 6, full, j0, _gt_lanes(t20, t21, t22, t23))
+
+
+@jit(inline="always")
+def _du(du, xi, i, j0, by_filter):
+    """du[xi, i, j0:j0+LANES] (by_filter), else du[xi, j0:j0+LANES, i], as a vector."""
+    if by_filter:
+        return simd.load(simd.unit_stride(du[xi, i]), j0)
+    return simd.load(simd.unit_stride(du[xi, :, i]), j0)
+
+
+@jit(inline="always")
+def _gt_lanes(a0, a1, a2, a3):
+    """`_gt_row` lane by lane, with its types: a1 ± a2 in the vectors' dtype, the rest in float64
+    (as its scalar code promotes them)."""
+    half = simd.splat(simd.widen(a0), 0.5)
+    h = simd.mul(half, simd.widen(simd.add(a1, a2)))
+    return (simd.add(simd.widen(a0), h), simd.mul(half, simd.widen(simd.sub(a1, a2))),
+            simd.add(h, simd.widen(a3)))
+
+
+@jit(inline="always")
+def _sum_row(sums, k, full, ch0, row):
+    """sums[(k + j)·full + ch0 ..] := row[j], j = 0..2."""
+    simd.store(sums, k * full + ch0, row[0])
+    simd.store(sums, (k + 1) * full + ch0, row[1])
+    simd.store(sums, (k + 2) * full + ch0, row[2])
 
 
 @jit(inline="always")
