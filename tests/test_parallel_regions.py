@@ -148,7 +148,7 @@ def _maxpool_args(kind):
         return np.zeros((12, 2), np.float32), np.zeros((12, 2), np.int32), x.reshape(24, 4), 6, True
     if kind == "odd":                   # 3x3 maps -> 2x2
         return (np.zeros((12, 2), np.float32), np.zeros((12, 2), np.int32), _f32(2, 3, 3, 3).reshape(18, 3),
-                3, 2, 3, True)
+                3, 2, 3, 2, True)
     return np.zeros((2, 48), np.float32), _f32(2, 12), np.zeros((2, 12), np.int32)
 
 
@@ -183,7 +183,7 @@ CASES = {
     "bn backward": (bnk.bn_act_backward, lambda: _bn_args("backward")),
     "maxpool planes": (pooling.maxpool_forward, lambda: _maxpool_args("planes")),
     "maxpool 2x2 rows": (pooling.maxpool_2x2_rows, lambda: _maxpool_args("rows")),
-    "maxpool 2x2 odd": (pooling.maxpool_2x2_odd, lambda: _maxpool_args("odd")),
+    "maxpool 2x2 planes": (pooling.maxpool_2x2_planes, lambda: _maxpool_args("odd")),
     "maxpool backward": (pooling.maxpool_backward, lambda: _maxpool_args("backward")),
     "upsample forward": (upsample.upsample_forward, lambda: (np.zeros((2, 3, 8, 8), np.float32), _f32(2, 3, 4, 4), 2, 1.0)),
     "upsample backward": (upsample.upsample_backward, lambda: (np.zeros((2, 3, 4, 4), np.float32), _f32(2, 3, 8, 8), 2, 1.0)),

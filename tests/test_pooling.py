@@ -125,7 +125,7 @@ def ref_argmax(x, size, sy, sx, padding):
     return out, idx
 
 
-@pytest.mark.parametrize("size,sy,sx,padding", GEOMETRIES + [(2, 1, 1, 5), (3, 2, 2, 6), (2, 2, 2, 0),
+@pytest.mark.parametrize("size,sy,sx,padding", GEOMETRIES + [(2, 1, 1, 5), (3, 2, 2, 6), (2, 2, 2, 0), (2, 1, 1, 0),
                                                  (2, 2, 2, 2)])   # 2x2/2 from offset 0, and from -1
 @pytest.mark.parametrize("c", [3, 120])     # 120 planes: above PARALLEL_MIN inputs, the parallel loop
 @pytest.mark.parametrize("h,w", [(13, 17), (12, 16)])   # 2x2/2 from offset 0: `maxpool_2x2`

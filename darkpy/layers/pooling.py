@@ -188,48 +188,58 @@ def _row_2x2(out, idx, x, r, rows_per_item, with_idx):
 
 
 @pjit
-def maxpool_2x2_odd(out, idx, x, H, OH, C, with_idx):
-    """`maxpool_forward` for 2x2 windows at stride 2 from offset 0 (Darknet's usual maxpool) on a
-    map with an odd side, whose last row or column of windows holds one input row or column; the
-    planes' rows flattened: x (P·H, W), out (P·OH, OW) for P = B·C planes of C channels; with_idx:
-    idx (P·OH, OW) gets the flat index into the item of each max, else idx is any (1, n) array,
-    untouched. The same maxima, ties and indexes as the general path (a window's row or column
-    outside the image never wins). Everything by index, no views of planes or rows, and each
-    window in straight-line code: darknet.cfg's 512 planes of 7x7 -> 4x4 at batch 1 took 117 µs on
-    the general path (ONNX Runtime: 5 µs), 9.4 now (2 threads, 2-core AVX-512 Zen 5). Even maps
-    take `maxpool_2x2_rows`, faster there (the same kernel by plane took 1.2-1.8x its time)."""
+def maxpool_2x2_planes(out, idx, x, H, OH, C, step, with_idx):
+    """`maxpool_forward` for 2x2 windows from offset 0 at stride `step` (1 or 2, both ways) where
+    every window's top-left position is in the image: Darknet's usual 2x2/2 on a map with an odd
+    side (its last row or column of windows holds one input row or column), and the 2x2/1 of
+    YOLOv3-tiny (the last row and column). The planes' rows flattened: x (P·H, W), out (P·OH, OW)
+    for P = B·C planes of C channels; with_idx: idx (P·OH, OW) gets the flat index into the item of
+    each max, else idx is any (1, n) array, untouched. The same maxima, ties and indexes as the
+    general path (a window's row or column outside the image never wins). Everything by index, no
+    views of planes or rows, and each window in straight-line code; even maps at stride 2 take
+    `maxpool_2x2_rows`, faster there (the same kernel by plane took 1.2-1.8x its time). Against
+    the general path (2 threads, 2-core AVX-512 Zen 5): darknet.cfg's 512 planes of 7x7 -> 4x4 at
+    batch 1 117 -> 9.4 µs (ONNX Runtime: 5 µs); yolov3-tiny's 512 planes of 13x13 at stride 1
+    84 -> 27 µs (ONNX Runtime's node: 29 µs profiled), with indexes 120 -> 60 µs."""
     P = out.shape[0] // OH
-    if out.size < PARALLEL_MIN:
+    # (each loop with its step a constant: the windows' columns a known distance apart)
+    if out.size < PARALLEL_MIN and step == 1:
         for bc in range(P):
-            _plane_2x2(out, idx, x, bc, H, OH, C, with_idx)
+            _plane_2x2(out, idx, x, bc, H, OH, C, 1, with_idx)
+    elif out.size < PARALLEL_MIN:
+        for bc in range(P):
+            _plane_2x2(out, idx, x, bc, H, OH, C, 2, with_idx)
+    elif step == 1:
+        for bc in prange(P):
+            _plane_2x2(out, idx, x, bc, H, OH, C, 1, with_idx)
     else:
         for bc in prange(P):
-            _plane_2x2(out, idx, x, bc, H, OH, C, with_idx)
+            _plane_2x2(out, idx, x, bc, H, OH, C, 2, with_idx)
 
 
 @jit(inline="always")
-def _plane_2x2(out, idx, x, bc, H, OH, C, with_idx):
-    """Plane bc of `maxpool_2x2_odd`."""
+def _plane_2x2(out, idx, x, bc, H, OH, C, step, with_idx):
+    """Plane bc of `maxpool_2x2_planes`."""
     W = x.shape[1]
     OW = out.shape[1]
-    full = min(W // 2, OW)              # windows with both columns in the image
+    full = min((W - 2) // step + 1, OW)     # windows with both columns in the image
     base = (bc % C) * H * W
     for i in range(OH):
         o = bc * OH + i
-        ya = bc * H + 2 * i
-        yb = ya + 1 if 2 * i + 1 < H else ya        # a bottom row outside reads as the one inside
-        ia = base + 2 * i * W
+        ya = bc * H + step * i
+        yb = ya + 1 if step * i + 1 < H else ya     # a bottom row outside reads as the one inside
+        ia = base + step * i * W
         ib = ia + (yb - ya) * W
         if with_idx:
             for t in range(full):
-                best, at = _max_2x2(x, ya, yb, 2 * t, ia, ib)
+                best, at = _max_2x2(x, ya, yb, step * t, ia, ib)
                 out[o, t] = best
                 idx[o, t] = at
         else:
             for t in range(full):
-                out[o, t] = _max_2x2(x, ya, yb, 2 * t, 0, 0)[0]
-        if full < OW:                   # the last window's right column is outside
-            best = x[ya, W - 1]
+                out[o, t] = _max_2x2(x, ya, yb, step * t, 0, 0)[0]
+        if full < OW:                   # the last window's right column is outside: its left
+            best = x[ya, W - 1]         # column is the image's last
             at = ia + W - 1
             v = x[yb, W - 1]
             if v > best:
@@ -459,6 +469,15 @@ class MaxPoolLayer(_WindowPool):
         return (self.size == 2 and self.stride_x == 2 and self.stride_y == 2 and self.offset == 0
                 and self.in_shape[1] == 2 * oh and self.in_shape[2] == 2 * ow)
 
+    def _by_planes_2x2(self) -> bool:
+        """A 2x2 window from offset 0 at stride 1 or 2 (both ways) whose every window has its
+        top-left position in the image (`maxpool_2x2_planes`)."""
+        _, h, w = self.in_shape
+        _, oh, ow = self.out_shape
+        s = self.stride_x
+        return (self.size == 2 and s in (1, 2) and self.stride_y == s and self.offset == 0
+                and s * (oh - 1) < h and s * (ow - 1) < w and w >= 2)
+
     def extra_buffers(self):
         return [self.indexes]
 
@@ -470,11 +489,11 @@ class MaxPoolLayer(_WindowPool):
             maxpool_2x2_rows(self.output.reshape(-1, ow),
                              self.indexes.reshape(-1, ow) if with_idx else _NO_INDEXES[0, 0],
                              x.reshape(-1, 2 * ow), self.in_shape[0] * oh, with_idx)
-        elif self.size == 2 and self.stride_x == 2 and self.stride_y == 2 and self.offset == 0:
-            maxpool_2x2_odd(self.output.reshape(-1, ow),
-                            self.indexes.reshape(-1, ow) if with_idx else _NO_INDEXES[0, 0],
-                            x.reshape(-1, self.in_shape[2]), self.in_shape[1], oh,
-                            self.in_shape[0], with_idx)
+        elif self._by_planes_2x2():
+            maxpool_2x2_planes(self.output.reshape(-1, ow),
+                               self.indexes.reshape(-1, ow) if with_idx else _NO_INDEXES[0, 0],
+                               x.reshape(-1, self.in_shape[2]), self.in_shape[1], oh,
+                               self.in_shape[0], self.stride_x, with_idx)
         else:
             maxpool_forward(self.output, self.indexes if with_idx else _NO_INDEXES, x, self.size,
                             self.stride_y, self.stride_x, self.offset, with_idx)
