@@ -89,7 +89,8 @@ def test_kernels_match_direct_correlation(shape):
 
 @pytest.mark.parametrize("shape", [(2, 3, 5, 5, 5, 1, 3, 1), (1, 5, 13, 6, 7, 1, 2, 3), (3, 4, 6, 7, 4, 0, 3, 2),
                                    (2, 3, 3, 4, 4, 2, 3, 1), (1, 2, 2, 1, 1, 1, 1, 1), (2, 8, 9, 9, 10, 2, 4, 2),
-                                   (2, 6, 8, 12, 12, 1, 1, 1), (1, 4, 16, 20, 20, 1, 1, 1)])
+                                   (2, 6, 8, 12, 12, 1, 1, 1), (1, 4, 16, 20, 20, 1, 1, 1),
+                                   (1, 3, 4, 34, 36, 1, 2, 1), (2, 2, 9, 26, 28, 1, 3, 2)])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_fused_bands_match_the_direct_correlation(shape, dtype):
     """winograd_fused.conv3x3 (`bands` bands per item, filters in `fgroups` groups) written,
@@ -139,7 +140,8 @@ def test_fused_bands_match_the_direct_correlation(shape, dtype):
         np.testing.assert_array_equal(vk[body], want[body])
 
 
-@pytest.mark.parametrize("shape", [(2, 5, 3, 6, 7, 1, 2, 1), (3, 13, 20, 9, 9, 0, 3, 2), (1, 16, 8, 4, 4, 2, 1, 1)])
+@pytest.mark.parametrize("shape", [(2, 5, 3, 6, 7, 1, 2, 1), (3, 13, 20, 9, 9, 0, 3, 2),
+                                   (1, 16, 8, 4, 4, 2, 1, 1), (2, 3, 5, 20, 37, 1, 2, 1)])
 @pytest.mark.parametrize("kept", [False, True])
 def test_fused_weight_gradient_matches_the_chunked_one(shape, kept):
     """winograd_fused.weight_grad3x3 (its slices summed) against dU = dM Vᵀ of the chunked
@@ -402,17 +404,22 @@ def inputs_reference(x, pad):
 
 
 @pytest.mark.parametrize("shape", [(1, 2, 90, 85, 1), (2, 40, 9, 9, 2), (3, 1, 5, 120, 0),
-                                   (2, 24, 16, 16, 1)])
-def test_input_transform_matches_its_definition(shape):
+                                   (2, 24, 16, 16, 1), (2, 3, 26, 26, 1), (1, 5, 29, 32, 0),
+                                   (2, 2, 32, 32, 1), (1, 3, 7, 18, 0)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_input_transform_matches_its_definition(shape, dtype):
     """The input transform against V = Bᵀ d B of every tile, on long rows, many channels and every
     padding, into rows longer than the 16 matrices (as the layer's padded workspace): the values
-    past them are left alone."""
+    past them are left alone. Rows of tiles of every kind `wg.plane_inputs` has: whole vectors
+    (16 tiles with AVX-512), whole vectors and an overlapping last one (43, 59), two overlapping
+    half vectors (13, 15), one half vector (8), tile by tile (6, 7)."""
     nb, c, h, w, pad = shape
-    x = np.random.default_rng(sum(shape)).standard_normal((nb, c, h, w))
-    ref = inputs_reference(x, pad)
-    rows = np.full((16, ref[0].size + 7), np.nan)
+    x = np.random.default_rng(sum(shape)).standard_normal((nb, c, h, w)).astype(dtype)
+    ref = inputs_reference(x.astype(np.float64), pad)
+    rows = np.full((16, ref[0].size + 7), np.nan, dtype)
     wg.inputs(rows, x, pad)
-    np.testing.assert_allclose(rows[:, :ref[0].size].reshape(ref.shape), ref, rtol=1e-12, atol=1e-12)
+    tol = 1e-12 if dtype == np.float64 else 1e-6
+    np.testing.assert_allclose(rows[:, :ref[0].size].reshape(ref.shape), ref, rtol=tol, atol=tol)
     assert np.isnan(rows[:, ref[0].size:]).all()
 
 

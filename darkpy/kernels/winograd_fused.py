@@ -29,7 +29,7 @@ from .bn import affine_act_row
 from . import simd
 from .microgemm import CV, rows8x1, rows8x2
 from .pool2x2 import epilogue_pool_rows
-from .winograd import store_tile, tile_inputs, tile_outputs
+from .winograd import plane_inputs, store_tile, tile_outputs
 
 #: Values between two of a band's 16 matrices of V (and of M) beyond the matrix itself: without
 #: it the 16 matrices are often a multiple of 4 KiB apart, and the transforms' 16 streams of
@@ -63,11 +63,22 @@ def band_rows(tiles_w: int, tiles_h: int, c: int, n: int) -> int:
     return max(1, min(tiles_h, tiles // max(tiles_w, 1)))
 
 
+@jit(inline="always")
+def _scratch_band(rows, cols, dtype):
+    """`_band_inputs`' scratch band, (rows, cols), and a row of zeros after it that the vector
+    transform may read (`wg.plane_inputs`): pass the band as `sp[:rows]`."""
+    sp = np.empty((rows + 1, cols), dtype)
+    for j in range(cols):
+        sp[rows, j] = 0
+    return sp
+
+
 @jit
 def _band_inputs(v, x, b, pad, r0, r1, tw, cs, t0, ntp, sp):
     """v (16 rows) := V of tile rows r0..r1−1 of item b: V[ξ][ch, t] at v[ξ, ch·cs + t0 + t],
     t = (ty − r0)·tw + tx; with ntp > 0 the columns t of the band's tiles .. ntp − 1 are set to 0.
-    sp: a (2·(r1 − r0) + 2, 2·tw + 2) scratch band of the zero-padded input."""
+    sp: a (2·(r1 − r0) + 2, 2·tw + 2) scratch band of the zero-padded input, a row of
+    `_scratch_band` after it."""
     c, h, w = x.shape[1], x.shape[2], x.shape[3]
     bh, bw = sp.shape
     nt = (r1 - r0) * tw
@@ -83,12 +94,7 @@ def _band_inputs(v, x, b, pad, r0, r1, tw, cs, t0, ntp, sp):
             for j in range(bw):
                 xx = j - pad
                 row[j] = xr[xx] if 0 <= xx < w else 0
-        t = ch * cs + t0
-        for ty in range(r1 - r0):
-            q0, q1, q2, q3 = sp[2 * ty], sp[2 * ty + 1], sp[2 * ty + 2], sp[2 * ty + 3]
-            for tx in range(tw):
-                tile_inputs(v, t, q0, q1, q2, q3, 2 * tx)
-                t += 1
+        plane_inputs(v, ch * cs + t0, sp, r1 - r0, tw)
         for xi in range(16):
             for t in range(ch * cs + t0 + nt, ch * cs + t0 + ntp):     # (V[ξ][ch] past the tiles)
                 v[xi, t] = 0
@@ -187,7 +193,7 @@ def _grad_slice(du, x, dy, pad, bands, vk, chunk, s):
     for i in range(dmt.shape[0]):       # (columns n.. stay 0)
         dmt[i] = 0
     own = np.empty(0 if vk.shape[0] else 16 * vrs0, x.dtype)
-    sp = np.empty((2 * rmax + 2, 2 * tw + 2), x.dtype)
+    sp = _scratch_band(2 * rmax + 2, 2 * tw + 2, x.dtype)
     g = np.empty(2 * rmax * 2 * tw * npd, x.dtype)
     for i in range(g.shape[0]):
         g[i] = 0
@@ -314,17 +320,17 @@ def _conv_unit(y, x, u, ustr, pad, add, k, off, act, p, bands, fgroups, vk, chun
     r0 = (band % bands) * th // bands
     r1 = (band % bands + 1) * th // bands
     ntp = ((r1 - r0) * tw + simd.LANES - 1) // simd.LANES * simd.LANES
-    sp = np.empty((2 * (r1 - r0) + 2, 2 * tw + 2), x.dtype)
+    sp = _scratch_band(2 * (r1 - r0) + 2, 2 * tw + 2, x.dtype)
     if vk.shape[0]:                     # V straight into the kept buffer
         vb0, vrs, vcs, t0 = kept_place(c, b, th * tw, x.shape[0], chunk)
         v = vk
         _band_inputs(v[vb0:vb0 + 16 * vrs].reshape(16, vrs), x, b, pad, r0, r1, tw, vcs,
-                     t0 + r0 * tw, 0, sp)
+                     t0 + r0 * tw, 0, sp[:-1])
         vb0 += r0 * tw + t0
     else:
         vb0, vrs, vcs = 0, c * ntp + XI_PAD, ntp
         v = np.empty(16 * vrs, x.dtype)
-        _band_inputs(v.reshape(16, vrs), x, b, pad, r0, r1, tw, ntp, 0, ntp, sp)
+        _band_inputs(v.reshape(16, vrs), x, b, pad, r0, r1, tw, ntp, 0, ntp, sp[:-1])
     m = np.empty(16 * (FILTER_BLOCK * ntp + XI_PAD), x.dtype)
     lo, hi = 2 * r0, min(2 * r1, oh)            # the band's output rows
     band_out = np.empty((hi - lo if pooled else 0, ow), y.dtype)
