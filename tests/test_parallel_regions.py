@@ -123,7 +123,7 @@ def _winograd_outputs_args():
     m = np.random.default_rng(2).standard_normal((16, 4, 2 * th * tw)).astype(np.float32)
     pool = np.zeros((2, 4, 4, 3), np.float32)          # the pooled branch too
     mean = np.zeros((2, 4), np.float32)                 # and the means' (the pool's taken first)
-    return np.zeros((2, 4, 8, 6), np.float32), m, False, np.ones(4), np.zeros(4), 0, pool, mean
+    return np.zeros((2, 4, 8, 6), np.float32), *wg.matrices_flat(m), False, np.ones(4), np.zeros(4), 0, pool, mean
 
 
 def _f32(*shape, seed=0):

@@ -136,6 +136,31 @@ def test_evens_odds_and_greater_or(dtype):
 
 
 @numba.njit(cache=False)
+def _zips(out, a, half):
+    """out := zip_low and zip_high of a's two vectors, then load_low of `half` (LANES/2 values,
+    read from an array of exactly that many) stored whole, its lanes past LANES/2 whatever
+    load_low left there."""
+    a0, a1 = simd.load(a, 0), simd.load(a, L)
+    simd.store(out, 0, simd.zip_low(a0, a1))
+    simd.store(out, L, simd.zip_high(a0, a1))
+    simd.store(out, 2 * L, simd.load_low(half, 0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_zips_invert_evens_and_odds_and_load_low_reads_half(dtype):
+    """zip_low/zip_high interleave the halves of two vectors: together the row whose even and odd
+    values the vectors are; load_low fills a vector's first LANES/2 lanes from LANES/2 values."""
+    a = np.random.default_rng(4).standard_normal(2 * L).astype(dtype)
+    half = np.random.default_rng(5).standard_normal(L // 2).astype(dtype)
+    out = np.empty(3 * L, dtype)
+    _zips(out, a, half)
+    row = np.empty(2 * L, dtype)
+    row[0::2], row[1::2] = a[:L], a[L:]
+    np.testing.assert_array_equal(out[:2 * L], row)
+    np.testing.assert_array_equal(out[2 * L:2 * L + L // 2], half)
+
+
+@numba.njit(cache=False)
 def _pool_pairs(p, r0, r1, w):
     """p[:w] := pool_pair of rows r0, r1; the scalar max4 of the same windows, as the second row
     (written first: a store past p[0, :w] would change it)."""

@@ -70,9 +70,12 @@ def winograd_correlation(x, w, pad, y0=None):
 
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5, 5, 1), (1, 5, 3, 6, 7, 1), (3, 4, 2, 7, 4, 0),
                                    (2, 3, 3, 4, 4, 2), (1, 2, 2, 1, 1, 1), (2, 8, 8, 2, 3, 1),
-                                   (1, 2, 3, 9, 3, 2), (1, 3, 2, 3, 3, 0)])
+                                   (1, 2, 3, 9, 3, 2), (1, 3, 2, 3, 3, 0), (1, 2, 3, 5, 36, 1),
+                                   (1, 2, 3, 4, 21, 0), (2, 3, 2, 5, 34, 1), (1, 2, 2, 3, 50, 1)])
 def test_kernels_match_direct_correlation(shape):
-    """Every padding Winograd takes (0-2), odd and even sizes (half-used edge tiles), 1-pixel images."""
+    """Every padding Winograd takes (0-2), odd and even sizes (half-used edge tiles), 1-pixel
+    images; rows of tiles whose output transform takes whole vectors of tiles (34-50 wide), half
+    vectors (19) and then the rest tile by tile."""
     nb, c, n, h, w, pad = shape
     rng = np.random.default_rng(sum(shape))
     x = rng.standard_normal((nb, c, h, w))

@@ -15,14 +15,16 @@ fma, one instruction where the CPU has FMA), `add(u, v)`, `sub(u, v)`, `mul(u, v
 lane, IEEE: each lane the bits of the scalar operation), `widen(v)` (as float64), `cast_like(a, v)`
 (as a's dtype, rounded as the scalar cast), `positive_or(v, u)` (v's lane where it is > 0,
 else u's), `greater_or(v, u)` (v's lane where it is > u's, else u's), `evens(u, v)` and
-`odds(u, v)` (the even or odd lanes of u then of v: a row's every other value), `splat(v, s)` (s in
-every lane of a vector like v) and `lane(v, i)`. Beside them `flat(a)`: a C-contiguous array's
+`odds(u, v)` (the even or odd lanes of u then of v: a row's every other value), `zip_low(u, v)` and
+`zip_high(u, v)` (their inverse: the first or last halves of u and v interleaved), `load_low(a, i)`
+(a[i:i+LANES/2] in the first half of a vector), `splat(v, s)` (s in every lane of a vector like v)
+and `lane(v, i)`. Beside them `flat(a)`: a C-contiguous array's
 values as a 1-D view, no copy and no call (numba's reshape calls a helper: ~0.1 µs each, per plane
 of a small map).
 `store_stream(a, i, v)` stores past the caches (a non-temporal store) where `aligned(a, i)`, and
 `store_fence()` orders such stores before whatever follows (for outputs of at least
 STREAM_MIN_BYTES).
-**load, store, store_low, store_stream and get check no bounds**: the caller guarantees
+**load, load_low, store, store_low, store_stream and get check no bounds**: the caller guarantees
 a[i:i+LANES] lies inside the array. float32 is the real work, float64 the gradient checks (the
 same source, like every kernel here). LANES is the float32 width of the widest vector register of
 the CPU numba compiles for (`_lanes`): 16 where it has AVX-512F, else 8; float64 and
@@ -396,6 +398,46 @@ def _pick(first):
 #: The even (odd) lanes of u, then of v, in order.
 evens = _pick(0)
 odds = _pick(1)
+
+
+def _zip(first):
+    """An intrinsic interleaving lanes first.. first + LANES/2 − 1 of u and of v: u[first],
+    v[first], u[first + 1], ... (the inverse of `evens` / `odds`: a row from its every other
+    value)."""
+    def typer(typingctx, u, v):
+        if not (isinstance(u, Vector) and u == v):
+            return None
+
+        def codegen(context, builder, sig, args):
+            lanes = [x for i in range(LANES // 2) for x in (first + i, LANES + first + i)]
+            return builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(_I32, LANES),
+                                                                        lanes))
+        return u(u, v), codegen
+    return intrinsic(typer)
+
+
+#: u's and v's first (last) LANES/2 lanes, interleaved.
+zip_low = _zip(0)
+zip_high = _zip(LANES // 2)
+
+
+@intrinsic
+def load_low(typingctx, a, i):
+    """a[i:i+LANES//2] in a vector's first LANES/2 lanes, its others undefined (no bounds check):
+    half a vector, one load, nothing read past it."""
+    if not (_float_array(a) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        half = LANES // 2
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        lane = context.get_value_type(sig.args[0].dtype)
+        ptr = builder.bitcast(builder.gep(data, [args[1]], inbounds=True),
+                              ir.VectorType(lane, half).as_pointer())
+        low = builder.load(ptr, align=sig.args[0].dtype.bitwidth // 8)
+        return builder.shuffle_vector(low, low, ir.Constant(ir.VectorType(_I32, LANES),
+                                                            list(range(half)) * 2))
+    return Vector(a.dtype)(a, i), codegen
 
 
 @intrinsic

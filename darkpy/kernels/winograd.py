@@ -325,6 +325,106 @@ def tile_outputs(m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14
 
 
 @jit(inline="always")
+def plane_outputs(dst, r, mf, xs, t, rows, oy0, tw, oh, ow, add):
+    """`tile_outputs` of `rows` rows of tw tiles into dst (C-contiguous, ow wide), written or added
+    (`add`): M[ξ] of tile (ty, tx) is mf[ξ·xs + t + ty·tw + tx] (mf 1-D); tile row ty covers the
+    map's output rows oy0 + 2·ty, oy0 + 2·ty + 1 (oh x ow, cropped there) and goes to dst's rows
+    r + 2·ty, r + 2·ty + 1. The tiles with both columns in the map LANES at a time in vectors,
+    then LANES/2 (`_tiles_out_vec`), the others tile by tile. Everything by index into 1-D
+    arrays: row views made in the loops (m[ξ], dst[r]) cost reference counting at each, and the
+    kernel ran slower than tile by tile; so did numba's indexing, whose sign test per index (16
+    distinct ones a tile) made the tile-by-tile loop 2x slower than `simd.get`. Against tile by
+    tile (one thread, 2-core Zen 5, AVX-512): `outputs` of 16 items x 128 filters on 28x28 2.0 ->
+    1.4 ms, of 32 x 32 on 32x32 1.2 -> 0.45, of 8 x 64 on 52x52 1.6 -> 0.65; the fused bands' 32
+    filters on 28x28, 32x32 and 52x52 33 -> 24, 38 -> 19 and 82 -> 34 µs; 14x14 and 7x7 maps (tile
+    by tile in both) 1.0-1.1x the time. Processes alternating with the commit before (2 threads):
+    shapes-tiny's forward at b64 0.93-0.96x the time, yolov4-tiny's at b1 0.97x, cifar's training
+    step level."""
+    tw2 = ow // 2                       # tiles whose right column is in the map
+    if tw2 < simd.LANES // 2:
+        for ty in range(rows):
+            _tiles_out(dst, r + 2 * ty, mf, xs, t + ty * tw, 0, tw, ow, oy0 + 2 * ty + 1 < oh, add)
+        return
+    flat = simd.flat(dst)
+    for ty in range(rows):
+        below = oy0 + 2 * ty + 1 < oh
+        rr = r + 2 * ty
+        tt = t + ty * tw
+        tx = 0
+        while tw2 - tx >= simd.LANES // 2:
+            low = tw2 - tx < simd.LANES
+            _tiles_out_vec(flat, rr * ow + 2 * tx, ow if below else 0, mf, xs, tt + tx, add, low)
+            tx += simd.LANES // 2 if low else simd.LANES
+        _tiles_out(dst, rr, mf, xs, tt, tx, tw, ow, below, add)
+
+
+@jit(inline="always")
+def _tiles_out(dst, r, mf, xs, t, tx0, tw, ow, below, add):
+    """`tile_outputs` of tiles tx0..tw−1 of one row of tiles, tile by tile (`plane_outputs`)."""
+    g = simd.get                        # (no sign test per index: 16 distinct ones a tile)
+    for x in range(t + tx0, t + tw):
+        y00, y01, y10, y11 = tile_outputs(
+            g(mf, x), g(mf, xs + x), g(mf, 2 * xs + x), g(mf, 3 * xs + x), g(mf, 4 * xs + x),
+            g(mf, 5 * xs + x), g(mf, 6 * xs + x), g(mf, 7 * xs + x), g(mf, 8 * xs + x),
+            g(mf, 9 * xs + x), g(mf, 10 * xs + x), g(mf, 11 * xs + x), g(mf, 12 * xs + x),
+            g(mf, 13 * xs + x), g(mf, 14 * xs + x), g(mf, 15 * xs + x))
+        ox = 2 * (x - t)
+        store_tile(dst, r, ox, y00, y01, y10, y11, ox + 1 < ow, below, add)
+
+
+@jit(inline="always")
+def _tiles_out_vec(flat, o, below, mf, xs, t, add, low):
+    """`tile_outputs` of LANES tiles (with `low`, LANES/2) whose M[ξ] are at mf[ξ·xs + t..], into
+    flat[o..] and, when `below` (the row length) is not 0, flat[o + below..], 2 values a tile
+    (written or added): each lane the scalar arithmetic, so the same values; the tiles' two
+    columns interleaved by `simd.zip_low` / `zip_high`."""
+    m0, m1, m2, m3 = _m_lanes(mf, t, xs, low)
+    m4, m5, m6, m7 = _m_lanes(mf, t + 4 * xs, xs, low)
+    m8, m9, m10, m11 = _m_lanes(mf, t + 8 * xs, xs, low)
+    m12, m13, m14, m15 = _m_lanes(mf, t + 12 * xs, xs, low)
+    a0 = simd.add(simd.add(m0, m4), m8)             # Aᵀ m: as `tile_outputs`, operation by operation
+    a1 = simd.add(simd.add(m1, m5), m9)
+    a2 = simd.add(simd.add(m2, m6), m10)
+    a3 = simd.add(simd.add(m3, m7), m11)
+    b0 = simd.sub(simd.sub(m4, m8), m12)
+    b1 = simd.sub(simd.sub(m5, m9), m13)
+    b2 = simd.sub(simd.sub(m6, m10), m14)
+    b3 = simd.sub(simd.sub(m7, m11), m15)
+    _out_row(flat, o, simd.add(simd.add(a0, a1), a2), simd.sub(simd.sub(a1, a2), a3), add, low)
+    if below:
+        _out_row(flat, o + below, simd.add(simd.add(b0, b1), b2),
+                 simd.sub(simd.sub(b1, b2), b3), add, low)
+
+
+@jit(inline="always")
+def _m_lanes(mf, i, xs, low):
+    """mf[i..], mf[i + xs..], mf[i + 2·xs..], mf[i + 3·xs..] as four vectors (with `low`, their
+    first halves)."""
+    if low:
+        return (simd.load_low(mf, i), simd.load_low(mf, i + xs), simd.load_low(mf, i + 2 * xs),
+                simd.load_low(mf, i + 3 * xs))
+    return (simd.load(mf, i), simd.load(mf, i + xs), simd.load(mf, i + 2 * xs),
+            simd.load(mf, i + 3 * xs))
+
+
+@jit(inline="always")
+def _out_row(row, c, left, right, add, low):
+    """row[c..] := (add: +=) the tiles' left and right outputs interleaved: LANES values (with
+    `low`: the first LANES/2 tiles'), else 2·LANES."""
+    _put(row, c, simd.zip_low(left, right), add)
+    if not low:
+        _put(row, c + simd.LANES, simd.zip_high(left, right), add)
+
+
+@jit(inline="always")
+def _put(row, c, v, add):
+    if add:
+        simd.store(row, c, simd.add(simd.load(row, c), v))
+    else:
+        simd.store(row, c, v)
+
+
+@jit(inline="always")
 def store_tile(dst, r, c, y00, y01, y10, y11, right, below, add):
     """dst[r:r+2, c:c+2] := (add: +=) a tile's outputs, the right column only when `right`, the
     lower row only when `below` (the map's last tiles may be half used)."""
@@ -347,25 +447,15 @@ def store_tile(dst, r, c, y00, y01, y10, y11, right, below, add):
 
 
 @jit(inline="always")
-def _output_plane(yf, m, f, t, add):
-    """Output plane yf (oh, ow) of filter f from the tiles t.. of m (`outputs`)."""
+def _output_plane(yf, mf, xs, fs, f, t, add):
+    """Output plane yf (oh, ow) of filter f from the tiles t.. of M (`_outputs_parallel`)."""
     oh, ow = yf.shape
-    tw = (ow + 1) // 2
-    for ty in range((oh + 1) // 2):
-        for tx in range(tw):
-            y00, y01, y10, y11 = tile_outputs(
-                m[0, f, t], m[1, f, t], m[2, f, t], m[3, f, t], m[4, f, t], m[5, f, t], m[6, f, t],
-                m[7, f, t], m[8, f, t], m[9, f, t], m[10, f, t], m[11, f, t], m[12, f, t],
-                m[13, f, t], m[14, f, t], m[15, f, t])
-            oy = 2 * ty
-            ox = 2 * tx
-            store_tile(yf, oy, ox, y00, y01, y10, y11, ox + 1 < ow, oy + 1 < oh, add)
-            t += 1
+    plane_outputs(yf, 0, mf, xs, f * fs + t, (oh + 1) // 2, 0, (ow + 1) // 2, oh, ow, add)
 
 
 # compiled once for both twins, not inlined into each (a task is POOL_GROUP whole planes)
 @jit
-def _output_units(y, m, g, add, k, off, act, p, mean):
+def _output_units(y, mf, xs, fs, g, add, k, off, act, p, mean):
     """Planes fb = f·nb + b in group g (POOL_GROUP planes) of `outputs`, each then act(plane·k[f] +
     off[f]) in place when k is not empty; with a pooled output p or means, each plane goes to one
     scratch plane instead (made once per group of planes, not once per plane: 2048 allocations per
@@ -379,16 +469,16 @@ def _output_units(y, m, g, add, k, off, act, p, mean):
         b = fb % nb
         t = b * ((oh + 1) // 2) * ((ow + 1) // 2)
         if pooled:
-            _output_plane(plane, m, f, t, False)
+            _output_plane(plane, mf, xs, fs, f, t, False)
             epilogue_pool_rows(p[b, f], plane, k[f], off[f], act)
             continue
         if averaged:
-            _output_plane(plane, m, f, t, False)
+            _output_plane(plane, mf, xs, fs, f, t, False)
             row = simd.flat(plane)
             affine_act_row(row, k[f], off[f], act)
             mean[b, f] = row_sum(row, row.shape[0]) / row.shape[0]
             continue
-        _output_plane(y[b, f], m, f, t, add)
+        _output_plane(y[b, f], mf, xs, fs, f, t, add)
         if k.shape[0]:
             affine_act_row(simd.flat(y[b, f]), k[f], off[f], act)
 
@@ -413,8 +503,20 @@ def outputs(y, m, add, k=_NO_AFFINE, off=_NO_AFFINE, act=0, pool=None, mean=None
     of 49 dependent adds per 7x7 plane made darknet19's 512 -> 1024 at b64 0.9 ms slower, more
     than not writing its planes saved). Serial below PARALLEL_MIN output values."""
     run = _outputs_parallel if y.size >= PARALLEL_MIN else _outputs_serial
-    run(y, m, add, k, off, act, no_pool(y.dtype) if pool is None else pool,
+    mf, xs, fs = matrices_flat(m)
+    run(y, mf, xs, fs, add, k, off, act, no_pool(y.dtype) if pool is None else pool,
         _NO_MEANS[y.dtype.itemsize] if mean is None else mean)
+
+
+def matrices_flat(m: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """(mf, xs, fs): the stack m (16, n, tiles), rows of tiles contiguous, as the 1-D run of memory
+    it lies in, M[ξ][f, t] at mf[ξ·xs + f·fs + t] (no copy)."""
+    size = m.itemsize
+    if m.strides[2] != size or any(st % size or st < 0 for st in m.strides):
+        raise ValueError("winograd.outputs: M's tiles must be contiguous")
+    xs, fs = m.strides[0] // size, m.strides[1] // size
+    span = 15 * xs + (m.shape[1] - 1) * fs + m.shape[2]
+    return np.lib.stride_tricks.as_strided(m, shape=(span,), strides=(size,)), xs, fs
 
 
 #: `outputs`' mean argument when there is none (by itemsize: float32, float64)
@@ -422,15 +524,16 @@ _NO_MEANS = {4: np.empty((0, 0), np.float32), 8: np.empty((0, 0), np.float64)}
 
 
 @pjit
-def _outputs_parallel(y, m, add, k, off, act, p, mean):
+def _outputs_parallel(y, mf, xs, fs, add, k, off, act, p, mean):
+    """`outputs` with M given as mf (1-D): M[ξ][f, t] at mf[ξ·xs + f·fs + t]."""
     for g in prange((y.shape[0] * y.shape[1] + POOL_GROUP - 1) // POOL_GROUP):
-        _output_units(y, m, g, add, k, off, act, p, mean)
+        _output_units(y, mf, xs, fs, g, add, k, off, act, p, mean)
 
 
 @jit
-def _outputs_serial(y, m, add, k, off, act, p, mean):
+def _outputs_serial(y, mf, xs, fs, add, k, off, act, p, mean):
     for g in range((y.shape[0] * y.shape[1] + POOL_GROUP - 1) // POOL_GROUP):
-        _output_units(y, m, g, add, k, off, act, p, mean)
+        _output_units(y, mf, xs, fs, g, add, k, off, act, p, mean)
 
 
 # ---- adjoints, for the weight gradient: dU[ξ] = dM[ξ] @ V[ξ]ᵀ between them ----------------------

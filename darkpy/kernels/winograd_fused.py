@@ -29,7 +29,7 @@ from .bn import affine_act_row
 from . import simd
 from .microgemm import CV, rows8x1, rows8x2
 from .pool2x2 import epilogue_pool_rows
-from .winograd import plane_inputs, store_tile, tile_outputs
+from .winograd import plane_inputs, plane_outputs
 
 #: Values between two of a band's 16 matrices of V (and of M) beyond the matrix itself: without
 #: it the 16 matrices are often a multiple of 4 KiB apart, and the transforms' 16 streams of
@@ -137,16 +137,8 @@ def _band_outputs(dst, m, i, nf, ntp, r0, r1, tw, oh, ow, add, row0):
     """Output rows of tile rows r0..r1−1 of the band's filter i (of nf) from m (16, nf·ntp +
     XI_PAD: M[ξ][i, t] at m[ξ, i·ntp + t]), into dst (a plane, or a band whose row 0 is output row
     row0): Aᵀ M A per tile, cropped at the map's edge; written or added."""
-    for ty in range(r1 - r0):
-        oy = 2 * (r0 + ty)
-        below = oy + 1 < oh
-        for tx in range(tw):
-            t = i * ntp + ty * tw + tx
-            y00, y01, y10, y11 = tile_outputs(
-                m[0, t], m[1, t], m[2, t], m[3, t], m[4, t], m[5, t], m[6, t], m[7, t], m[8, t],
-                m[9, t], m[10, t], m[11, t], m[12, t], m[13, t], m[14, t], m[15, t])
-            ox = 2 * tx
-            store_tile(dst, oy - row0, ox, y00, y01, y10, y11, ox + 1 < ow, below, add)
+    plane_outputs(dst, 2 * r0 - row0, simd.flat(m), m.shape[1], i * ntp, r1 - r0, 2 * r0, tw,
+                  oh, ow, add)
 
 
 @jit(inline="always")
