@@ -413,7 +413,7 @@ def inputs_reference(x, pad):
 def test_input_transform_matches_its_definition(shape, dtype):
     """The input transform against V = Bᵀ d B of every tile, on long rows, many channels and every
     padding, into rows longer than the 16 matrices (as the layer's padded workspace): the values
-    past them are left alone. Rows of tiles of every kind `wg.plane_inputs` has: whole vectors
+    past them are left alone. Rows of tiles of every kind `winograd_tiles.plane_inputs` has: whole vectors
     (16 tiles with AVX-512), whole vectors and an overlapping last one (43, 59), two overlapping
     half vectors (13, 15), one half vector (8), tile by tile (6, 7)."""
     nb, c, h, w, pad = shape

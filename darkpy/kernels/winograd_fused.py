@@ -29,7 +29,7 @@ from .bn import affine_act_row
 from . import simd
 from .microgemm import CV, rows8x1, rows8x2
 from .pool2x2 import epilogue_pool_rows
-from .winograd import plane_inputs, plane_outputs
+from .winograd_tiles import plane_inputs, plane_outputs
 
 #: Values between two of a band's 16 matrices of V (and of M) beyond the matrix itself: without
 #: it the 16 matrices are often a multiple of 4 KiB apart, and the transforms' 16 streams of
@@ -66,7 +66,7 @@ def band_rows(tiles_w: int, tiles_h: int, c: int, n: int) -> int:
 @jit(inline="always")
 def _scratch_band(rows, cols, dtype):
     """`_band_inputs`' scratch band, (rows, cols), and a row of zeros after it that the vector
-    transform may read (`wg.plane_inputs`): pass the band as `sp[:rows]`."""
+    transform may read (`winograd_tiles.plane_inputs`): pass the band as `sp[:rows]`."""
     sp = np.empty((rows + 1, cols), dtype)
     for j in range(cols):
         sp[rows, j] = 0
