@@ -140,7 +140,8 @@ def plane_outputs(dst, r, mf, xs, t, rows, oy0, tw, oh, ow, add):
     (`add`): M[ξ] of tile (ty, tx) is mf[ξ·xs + t + ty·tw + tx] (mf 1-D); tile row ty covers the
     map's output rows oy0 + 2·ty, oy0 + 2·ty + 1 (oh x ow, cropped there) and goes to dst's rows
     r + 2·ty, r + 2·ty + 1. The tiles with both columns in the map LANES at a time in vectors,
-    then LANES/2 (`_tiles_out_vec`), the others tile by tile. Everything by index into 1-D
+    then LANES/2 (`_tiles_out_vec`), then, when writing, a last half vector overlapping the one
+    before (when adding, those tiles tile by tile), the others tile by tile. Everything by index into 1-D
     arrays: row views made in the loops (m[ξ], dst[r]) cost reference counting at each, and the
     kernel ran slower than tile by tile; so did numba's indexing, whose sign test per index (16
     distinct ones a tile) made the tile-by-tile loop 2x slower than `simd.get`. Against tile by
@@ -161,7 +162,11 @@ def plane_outputs(dst, r, mf, xs, t, rows, oy0, tw, oh, ow, add):
         rr = r + 2 * ty
         tt = t + ty * tw
         tx = 0
-        while tw2 - tx >= simd.LANES // 2:
+        while tx < tw2:
+            if tw2 - tx < simd.LANES // 2:
+                if add:
+                    break
+                tx = tw2 - simd.LANES // 2      # (written again, the same values)
             low = tw2 - tx < simd.LANES
             _tiles_out_vec(flat, rr * ow + 2 * tx, ow if below else 0, mf, xs, tt + tx, add, low)
             tx += simd.LANES // 2 if low else simd.LANES
