@@ -247,8 +247,8 @@ _NO_AFFINE = np.empty(0)
 
 
 def outputs(y, m, add, k=_NO_AFFINE, off=_NO_AFFINE, act=0, pool=None, mean=None):
-    """y: (nb, n, oh, ow) output, written (add=False) or ADDED to (add=True); m: (16, n, nb·th·tw)
-    the transformed products. Each tile is Aᵀ m A, its 2x2 block cropped at the image edge.
+    """y: (nb, n, oh, ow) output, C-contiguous, written (add=False) or ADDED to (add=True); m: (16,
+    n, nb·th·tw) the transformed products, each row of tiles contiguous. Each tile is Aᵀ m A, its 2x2 block cropped at the image edge.
     k, off: (n,) float64 (and the activation code `act`), or empty: then each written plane becomes
     act(y·k + off) right away, while it is in the cache (the inference epilogue; `bn.infer_affine`
     gives batch norm's k and off, the same values `bn.bn_act_forward_infer` uses, so the result is
@@ -258,6 +258,8 @@ def outputs(y, m, add, k=_NO_AFFINE, off=_NO_AFFINE, act=0, pool=None, mean=None
     sum in float64 in 8 lanes, `vecmath.row_sum`, not [avgpool]'s float sum in order: that chain
     of 49 dependent adds per 7x7 plane made darknet19's 512 -> 1024 at b64 0.9 ms slower, more
     than not writing its planes saved). Serial below PARALLEL_MIN output values."""
+    if not y.flags.c_contiguous:        # (its planes are written through 1-D views)
+        raise ValueError("winograd.outputs: y must be C-contiguous")
     run = _outputs_parallel if y.size >= PARALLEL_MIN else _outputs_serial
     mf, xs, fs = matrices_flat(m)
     run(y, mf, xs, fs, add, k, off, act, no_pool(y.dtype) if pool is None else pool,

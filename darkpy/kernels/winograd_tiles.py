@@ -141,16 +141,16 @@ def plane_outputs(dst, r, mf, xs, t, rows, oy0, tw, oh, ow, add):
     map's output rows oy0 + 2·ty, oy0 + 2·ty + 1 (oh x ow, cropped there) and goes to dst's rows
     r + 2·ty, r + 2·ty + 1. The tiles with both columns in the map LANES at a time in vectors,
     then LANES/2 (`_tiles_out_vec`), then, when writing, a last half vector overlapping the one
-    before (when adding, those tiles tile by tile), the others tile by tile. Everything by index into 1-D
-    arrays: row views made in the loops (m[ξ], dst[r]) cost reference counting at each, and the
-    kernel ran slower than tile by tile; so did numba's indexing, whose sign test per index (16
-    distinct ones a tile) made the tile-by-tile loop 2x slower than `simd.get`. Against tile by
-    tile (one thread, 2-core Zen 5, AVX-512): `outputs` of 16 items x 128 filters on 28x28 2.0 ->
-    1.4 ms, of 32 x 32 on 32x32 1.2 -> 0.45, of 8 x 64 on 52x52 1.6 -> 0.65; the fused bands' 32
-    filters on 28x28, 32x32 and 52x52 33 -> 24, 38 -> 19 and 82 -> 34 µs; 14x14 and 7x7 maps (tile
-    by tile in both) 1.0-1.1x the time. Processes alternating with the commit before (2 threads):
-    shapes-tiny's forward at b64 0.93-0.96x the time, yolov4-tiny's at b1 0.97x, cifar's training
-    step level."""
+    before (when adding, those tiles tile by tile), the others tile by tile. Everything by index
+    into 1-D arrays: row views made in the loops (m[ξ], dst[r]) cost reference counting at each,
+    and the kernel ran slower than tile by tile; so did numba's indexing, whose sign test per
+    index (16 distinct ones a tile) made the tile-by-tile loop 2x slower than `simd.get`. Against
+    tile by tile (one thread, 2-core Zen 5, AVX-512): `outputs` of 16 items x 128 filters on 28x28
+    2.0 -> 0.8 ms, of 32 x 32 on 32x32 1.2 -> 0.45, of 8 x 64 on 52x52 1.6 -> 0.6; the fused bands'
+    32 filters on 28x28, 32x32 and 52x52 33 -> 16, 38 -> 19 and 82 -> 34 µs; 14x14 and 7x7 maps
+    (tile by tile in both) 1.0-1.1x the time. Processes alternating with the commit before (2
+    threads): shapes-tiny's forward at b64 0.93-0.96x the time, yolov4-tiny's at b1 0.97x,
+    cifar's training step level."""
     tw2 = ow // 2                       # tiles whose right column is in the map
     if tw2 < simd.LANES // 2:
         for ty in range(rows):
@@ -197,7 +197,8 @@ def _tiles_out_vec(flat, o, below, mf, xs, t, add, low):
     m4, m5, m6, m7 = _m_lanes(mf, t + 4 * xs, xs, low)
     m8, m9, m10, m11 = _m_lanes(mf, t + 8 * xs, xs, low)
     m12, m13, m14, m15 = _m_lanes(mf, t + 12 * xs, xs, low)
-    a0 = simd.add(simd.add(m0, m4), m8)             # Aᵀ m: as `tile_outputs`, operation by operation
+    # Aᵀ m, then (Aᵀ m) A: as `tile_outputs`, operation by operation
+    a0 = simd.add(simd.add(m0, m4), m8)
     a1 = simd.add(simd.add(m1, m5), m9)
     a2 = simd.add(simd.add(m2, m6), m10)
     a3 = simd.add(simd.add(m3, m7), m11)
