@@ -671,3 +671,14 @@ def test_filter_adjoint_in_lanes_is_the_pair_by_pair_one_bit_for_bit(dtype, n, c
         wg.filters_adjoint_add(got, du)
         _adjoint_pair_by_pair(want, du)
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def test_output_transform_refuses_an_output_it_cannot_write_in_place():
+    """`outputs` writes each plane through a 1-D view: a y that is not C-contiguous is an error
+    naming it, not a wrong result; M's tiles must be contiguous too."""
+    m = np.zeros((16, 2, 4))
+    y = np.zeros((1, 2, 4, 8))[:, :, :, ::2]
+    with pytest.raises(ValueError, match="C-contiguous"):
+        wg.outputs(y, m, False)
+    with pytest.raises(ValueError, match="contiguous"):
+        wg.outputs(np.zeros((1, 2, 4, 4)), np.zeros((16, 2, 8))[:, :, ::2], False)
