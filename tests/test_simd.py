@@ -305,3 +305,23 @@ def test_microkernels_match_numpy(dtype):
     added = want + base.reshape(8, cols)
     np.testing.assert_allclose(out8.reshape(8, cols)[:, :cv], added[:, :cv], rtol=tol, atol=tol)
     np.testing.assert_allclose(out1.reshape(8, cols)[:, cv:], added[:, cv:], rtol=tol, atol=tol)
+
+
+@numba.njit(cache=False)
+def _operators(out, a, b):
+    u, v = simd.load(a, 0), simd.load(b, 0)
+    simd.store(out, 0, u + v)
+    simd.store(out, L, u - v)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_plus_and_minus_on_vectors_are_the_scalar_operations(dtype):
+    """`u + v` and `u - v` on vectors (what lets kernels/winograd_tiles.py's transforms run on
+    vectors and scalars alike): the bits of the scalar operations, lane by lane."""
+    a = np.random.default_rng(6).standard_normal(L).astype(dtype)
+    b = np.random.default_rng(7).standard_normal(L).astype(dtype)
+    out = np.empty(2 * L, dtype)
+    _operators(out, a, b)
+    bits = f"u{a.itemsize}"
+    np.testing.assert_array_equal(out[:L].view(bits), (a + b).view(bits))
+    np.testing.assert_array_equal(out[L:].view(bits), (a - b).view(bits))

@@ -10,7 +10,7 @@ register-blocked microkernel (kernels/direct.py: 4 filters x 16 positions in 8 a
 Inside a kernel only: `load(a, i)` (a[i:i+LANES] of a 1-D C-contiguous array), `store(a, i, v)`,
 `store_low(a, i, v)` (v's first LANES/2 lanes at a[i:]), `get(a, i)` (the scalar a[i], of an
 integer array too),
-`zero(a)` (a vector of a's dtype), `fma(acc, s, v)` (acc + s·v per lane, rounded once: LLVM's
+`zero(a)` (a vector of a's dtype), `u + v` and `u - v` (as `add` and `sub`), `fma(acc, s, v)` (acc + s·v per lane, rounded once: LLVM's
 fma, one instruction where the CPU has FMA), `add(u, v)`, `sub(u, v)`, `mul(u, v)`, `neg(v)` (per
 lane, IEEE: each lane the bits of the scalar operation), `widen(v)` (as float64), `cast_like(a, v)`
 (as a's dtype, rounded as the scalar cast), `positive_or(v, u)` (v's lane where it is > 0,
@@ -33,6 +33,7 @@ code is keyed on that CPU too, so a cache never mixes the two widths.
 """
 from __future__ import annotations
 
+import operator
 import platform
 
 from llvmlite import ir
@@ -40,7 +41,7 @@ from numba import config, types
 from numba.core import cgutils
 from numba.core.codegen import get_host_cpu_features
 from numba.core.imputils import impl_ret_borrowed
-from numba.extending import intrinsic, models, register_model
+from numba.extending import intrinsic, models, overload, register_model
 from numba.np.arrayobj import populate_array
 
 
@@ -302,6 +303,20 @@ def _binary(op):
 add = _binary("fadd")
 sub = _binary("fsub")
 mul = _binary("fmul")
+
+
+def _operator(op, lane_op):
+    """`u op v` between two vectors of one type as `lane_op`: the same source then runs on scalars
+    and on vectors (kernels/winograd_tiles.py's transforms)."""
+    @overload(op)
+    def impl(u, v):
+        if isinstance(u, Vector) and u == v:
+            return lambda u, v: lane_op(u, v)
+        return None
+
+
+_operator(operator.add, add)
+_operator(operator.sub, sub)
 
 
 @intrinsic

@@ -12,7 +12,8 @@ from . import jit, simd
 
 @jit
 def _bt_col(d0, d1, d2, d3):
-    """Bᵀ·(d0..d3)ᵀ: one column of a 4x4 patch to 4 values (the same for a row times B)."""
+    """Bᵀ·(d0..d3)ᵀ: one column of a 4x4 patch to 4 values (the same for a row times B); of
+    scalars, or of vectors (`simd`'s + and −: each lane the scalar's)."""
     return d0 - d2, d1 + d2, d2 - d1, d1 - d3
 
 
@@ -81,15 +82,15 @@ def _tiles_vec(v, t, r0, r1, r2, r3, j, low):
     c0, c1, c2, c3 = _patch_cols(r2, j)
     d0, d1, d2, d3 = _patch_cols(r3, j)
     # Bᵀ d, column by column: s{j}{i} is its row i, column j
-    s00, s01, s02, s03 = _bt_vec(a0, b0, c0, d0)
-    s10, s11, s12, s13 = _bt_vec(a1, b1, c1, d1)
-    s20, s21, s22, s23 = _bt_vec(a2, b2, c2, d2)
-    s30, s31, s32, s33 = _bt_vec(a3, b3, c3, d3)
+    s00, s01, s02, s03 = _bt_col(a0, b0, c0, d0)
+    s10, s11, s12, s13 = _bt_col(a1, b1, c1, d1)
+    s20, s21, s22, s23 = _bt_col(a2, b2, c2, d2)
+    s30, s31, s32, s33 = _bt_col(a3, b3, c3, d3)
     # (Bᵀ d) B, row by row: row i gives V[4·i .. 4·i + 3]
-    _store4(v, 0, t, _bt_vec(s00, s10, s20, s30), low)
-    _store4(v, 4, t, _bt_vec(s01, s11, s21, s31), low)
-    _store4(v, 8, t, _bt_vec(s02, s12, s22, s32), low)
-    _store4(v, 12, t, _bt_vec(s03, s13, s23, s33), low)
+    _store4(v, 0, t, _bt_col(s00, s10, s20, s30), low)
+    _store4(v, 4, t, _bt_col(s01, s11, s21, s31), low)
+    _store4(v, 8, t, _bt_col(s02, s12, s22, s32), low)
+    _store4(v, 12, t, _bt_col(s03, s13, s23, s33), low)
 
 
 @jit(inline="always")
@@ -102,12 +103,6 @@ def _patch_cols(r, j):
     c = simd.load(r, j + 2)
     d = simd.load(r, j + 2 + L)
     return simd.evens(a, b), simd.odds(a, b), simd.evens(c, d), simd.odds(c, d)
-
-
-@jit(inline="always")
-def _bt_vec(d0, d1, d2, d3):
-    """`_bt_col` in every lane."""
-    return simd.sub(d0, d2), simd.add(d1, d2), simd.sub(d2, d1), simd.sub(d1, d3)
 
 
 @jit(inline="always")
@@ -127,7 +122,8 @@ def _store4(v, xi, t, q, low):
 
 @jit(inline="always")
 def tile_outputs(m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15):
-    """Aᵀ m A of one tile's 16 products (ξ = 4·i + j): its 2x2 outputs y00, y01, y10, y11."""
+    """Aᵀ m A of one tile's 16 products (ξ = 4·i + j): its 2x2 outputs y00, y01, y10, y11; of
+    scalars, or of vectors of LANES tiles' (`simd`'s + and −: each lane the scalar's)."""
     # Aᵀ m: two rows of 4, then (Aᵀ m) A: two columns
     a0, a1, a2, a3 = m0 + m4 + m8, m1 + m5 + m9, m2 + m6 + m10, m3 + m7 + m11
     b0, b1, b2, b3 = m4 - m8 - m12, m5 - m9 - m13, m6 - m10 - m14, m7 - m11 - m15
@@ -191,25 +187,17 @@ def _tiles_out(dst, r, mf, xs, t, tx0, tw, ow, below, add):
 def _tiles_out_vec(flat, o, below, mf, xs, t, add, low):
     """`tile_outputs` of LANES tiles (with `low`, LANES/2) whose M[ξ] are at mf[ξ·xs + t..], into
     flat[o..] and, when `below` (the row length) is not 0, flat[o + below..], 2 values a tile
-    (written or added): each lane the scalar arithmetic, so the same values; the tiles' two
-    columns interleaved by `simd.zip_low` / `zip_high`."""
+    (written or added): `tile_outputs` itself on vectors (each lane the scalar arithmetic, so the
+    same values); the tiles' two columns interleaved by `simd.zip_low` / `zip_high`."""
     m0, m1, m2, m3 = _m_lanes(mf, t, xs, low)
     m4, m5, m6, m7 = _m_lanes(mf, t + 4 * xs, xs, low)
     m8, m9, m10, m11 = _m_lanes(mf, t + 8 * xs, xs, low)
     m12, m13, m14, m15 = _m_lanes(mf, t + 12 * xs, xs, low)
-    # Aᵀ m, then (Aᵀ m) A: as `tile_outputs`, operation by operation
-    a0 = simd.add(simd.add(m0, m4), m8)
-    a1 = simd.add(simd.add(m1, m5), m9)
-    a2 = simd.add(simd.add(m2, m6), m10)
-    a3 = simd.add(simd.add(m3, m7), m11)
-    b0 = simd.sub(simd.sub(m4, m8), m12)
-    b1 = simd.sub(simd.sub(m5, m9), m13)
-    b2 = simd.sub(simd.sub(m6, m10), m14)
-    b3 = simd.sub(simd.sub(m7, m11), m15)
-    _out_row(flat, o, simd.add(simd.add(a0, a1), a2), simd.sub(simd.sub(a1, a2), a3), add, low)
+    y00, y01, y10, y11 = tile_outputs(m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13,
+                                      m14, m15)
+    _out_row(flat, o, y00, y01, add, low)
     if below:
-        _out_row(flat, o + below, simd.add(simd.add(b0, b1), b2),
-                 simd.sub(simd.sub(b1, b2), b3), add, low)
+        _out_row(flat, o + below, y10, y11, add, low)
 
 
 @jit(inline="always")
