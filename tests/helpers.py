@@ -220,7 +220,7 @@ def same_random_parameters(nets, seed: int) -> np.random.Generator:
             value = rng.standard_normal(params[0].value.shape) * 0.3
             for p in params:
                 p.value[...] = value
-        if layers[0].bn is not None:
+        if getattr(layers[0], "bn", None) is not None:
             mean, var = rng.standard_normal(layers[0].n) * 0.1, rng.random(layers[0].n) + 0.5
             for layer in layers:
                 layer.bn.rolling_mean[...], layer.bn.rolling_variance[...] = mean, var
