@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, event, example, given, settings
@@ -406,5 +407,83 @@ def test_networks_train_as_the_plain_path(case):
     text, batch = case
     try:
         run_training(text, batch)
+    except CfgError:
+        assume(False)
+
+
+# -- the same bits on any thread count ------------------------------------------------------------
+@contextlib.contextmanager
+def numba_threads(n: int):
+    before = numba.get_num_threads()
+    numba.set_num_threads(n)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
+
+
+def run_on_threads(text: str, batch: int, train: bool, seed: int = 0) -> None:
+    """The network's inference output (shared outputs) or training gradients, every layer on 2
+    numba threads and on 1 (no per-layer thread plans), bit for bit (README: "every kernel gives
+    the same bits at any thread count")."""
+    if train:
+        text += "[cost]\ntype=sse\n"
+    nets = [network_from_text(text, batch=batch) for _ in range(2)]
+    rng = same_random_parameters(nets, seed)
+    x = rng.random(nets[0].input.shape).astype(np.float32)
+    truth = rng.random(nets[0].truth.shape) if train else None
+    results = []
+    for net, threads in zip(nets, (2, 1)):
+        net.thread_plans.enabled = False
+        with numba_threads(threads):
+            if train:
+                net.forward(x, truth, train=True)
+                net.backward()
+                results.append([p.grad.copy() for layer in net.layers for p in layer.params]
+                               + [net.layers[0].delta.copy()])
+            else:
+                net.share_outputs()
+                results.append([net.forward(x).copy()])
+    for i, (two, one) in enumerate(zip(*results)):
+        np.testing.assert_array_equal(two, one, err_msg=f"array {i}: 2 threads against 1")
+
+
+needs_two_threads = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
+                                       reason="needs 2 numba threads (NUMBA_NUM_THREADS < 2 here)")
+
+
+@pytest.mark.slow
+@needs_two_threads
+@FUZZ
+@given(inference_cases())
+def test_inference_same_bits_on_any_threads(case):
+    c, n, k, s, p, h, w, b, bn, act, g, t = case
+    run_on_threads(cfg_text(c, n, k, s, p, h, w, bn, act, g, tail=TAILS[t]), b, False)
+
+
+@pytest.mark.slow
+@needs_two_threads
+@FUZZ
+@given(training_cases())
+def test_training_same_bits_on_any_threads(case):
+    c, n, k, s, p, h, w, b, bn, act, g, _ = case
+    run_on_threads(cfg_text(c, n, k, s, p, h, w, bn, act, g, lead="[activation]\nactivation=linear\n"),
+                   b, True)
+
+
+@pytest.mark.slow
+@needs_two_threads
+@pytest.mark.filterwarnings("ignore::darkpy.cfg.CfgWarning")
+# the fused Winograd weight gradient in few bands (batch 1): its band count followed the thread
+# count until 2026-12-07, and with it where the sums were split
+@example((_net(1, 8, "[upsample]\nstride=2\n[convolutional]\nfilters=16\nsize=3\npad=1\n" + _BN_MISH)
+          .replace("width=8", "width=16"), 1, True))
+@FUZZ
+@given(st.one_of(network_cases().map(lambda c: (*c, False)),
+                 training_network_cases().map(lambda c: (*c, True))))
+def test_networks_same_bits_on_any_threads(case):
+    text, batch, train = case
+    try:
+        run_on_threads(text, batch, train)
     except CfgError:
         assume(False)
