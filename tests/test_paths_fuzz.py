@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import darkpy.layers.convolutional as conv
 import darkpy.layers.route as route
-from darkpy import CfgError, deltas_plan, outputs_plan
+from darkpy import CfgError, StateError, deltas_plan, outputs_plan
 from darkpy.kernels import direct
 from darkpy.kernels import simd
 from darkpy.network import network_from_text
@@ -82,10 +82,12 @@ def assert_near(got, ref, what: str, rtol: float = 2e-4, floor: float = 1e-3) ->
         f"(largest |value| {scale:.3g})")
 
 
-def run_inference(text: str, batch: int, other_batch: int, seed: int = 0) -> None:
+def run_inference(text: str, batch: int, other_batch: int, resize_to: tuple[int, int] | None = None,
+                  seed: int = 0) -> None:
     """The network inferring as the commands do (shared outputs: the fusions) against the plain
     float64 one: twice (the second forward runs the kept kernel calls), then with new weights
-    (`weights_changed`), then at another batch (every buffer reallocated)."""
+    (`weights_changed`), then at another batch and (`resize_to`) at another size (every buffer
+    reallocated, the paths chosen again)."""
     with paths_off():
         ref = network_from_text(text, batch=batch, dtype=np.float64)
     net = network_from_text(text, batch=batch)
@@ -111,6 +113,16 @@ def run_inference(text: str, batch: int, other_batch: int, seed: int = 0) -> Non
     with paths_off():
         ref.set_batch(other_batch)
     check(f"at batch {other_batch}", repeat=True)
+    if resize_to is not None:
+        w, h = resize_to
+        try:
+            with paths_off():
+                ref.resize(w, h)
+        except (CfgError, StateError):      # a size the network does not take (said in one line)
+            return
+        net.resize(w, h)
+        event("resized")
+        check(f"resized to {w}x{h}")
 
 
 def run_training(text: str, batch: int, seed: int = 0) -> None:
@@ -331,10 +343,10 @@ NETWORK_EXAMPLES = {
     "pool beside a route": (_net(3, 16, "[convolutional]\nfilters=32\nsize=3\npad=1\n"
                                         "batch_normalize=1\nactivation=leaky\n[maxpool]\nsize=2\n"
                                         "stride=2\n[route]\nlayers=-2\n[convolutional]\nfilters=10\n"
-                                        "size=1\nactivation=linear\n[avgpool]\n"), 2),
+                                        "size=1\nactivation=linear\n[avgpool]\n"), 2, (24, 20)),
     "upsampled branch": (_net(16, 32, "[convolutional]\nfilters=24\nsize=3\nstride=2\npad=1\n"
                                       "batch_normalize=1\nactivation=leaky\n[upsample]\nstride=2\n"
-                                      "[route]\nlayers=-1,-3\n" + HEADS[3]), 1),
+                                      "[route]\nlayers=-1,-3\n" + HEADS[3]), 1, (16, 16)),
 }
 
 
@@ -360,7 +372,7 @@ def network_cases(draw):
     text = (f"[net]\nwidth={w}\nheight={h}\nchannels={c}\n"
             "[convolutional]\nfilters=16\nsize=3\npad=1\nbatch_normalize=1\nactivation=leaky\n"
             + "\n".join(body) + "\n" + draw(st.sampled_from(HEADS)))
-    return text, draw(st.integers(1, 3))
+    return text, draw(st.integers(1, 3)), (draw(st.integers(5, 40)), draw(st.integers(5, 40)))
 
 
 @pytest.mark.slow
@@ -370,10 +382,11 @@ def network_cases(draw):
 @given(network_cases())
 def test_networks_infer_as_the_plain_path(case):
     """A drawn network inferring with shared outputs (every path, fusion and view of the plan) gives
-    the outputs of the float64 one without any, also at another batch and after new weights."""
-    text, batch = case
+    the outputs of the float64 one without any, also after new weights, at another batch and at
+    another size."""
+    text, batch, resize_to = case
     try:
-        run_inference(text, batch, batch % 3 + 1)
+        run_inference(text, batch, batch % 3 + 1, resize_to)
     except CfgError:            # shapes that do not fit (a route or shortcut across sizes)
         assume(False)
 
@@ -479,7 +492,7 @@ def test_training_same_bits_on_any_threads(case):
 @example((_net(1, 8, "[upsample]\nstride=2\n[convolutional]\nfilters=16\nsize=3\npad=1\n" + _BN_MISH)
           .replace("width=8", "width=16"), 1, True))
 @FUZZ
-@given(st.one_of(network_cases().map(lambda c: (*c, False)),
+@given(st.one_of(network_cases().map(lambda c: (c[0], c[1], False)),
                  training_network_cases().map(lambda c: (*c, True))))
 def test_networks_same_bits_on_any_threads(case):
     text, batch, train = case
