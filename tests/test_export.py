@@ -6,7 +6,8 @@
   (or 10x darkpy's own float32 rounding noise in deep random nets); every other row's reason is
   re-checked.
 - Small networks exercise what the shared cfgs do not (every activation, maxpool padding rules,
-  shortcut resampling, reorg variants, softmax groups, lrn, ...), each against darkpy's forward.
+  shortcut resampling, reorg variants, softmax groups, lrn, ...), each against darkpy's forward;
+  hypothesis draws stacks of sections too (`test_drawn_networks_export_equal_to_darkpy`).
 - Dynamic batch 1 and 7, fp16, --no-fold, NMS against `darkpy detect`, the CLI and `--engine`,
   `layers=` (named intermediate outputs).
 - The README's plain-onnxruntime script: its network input is bit-identical to darkpy's; and, with
@@ -19,8 +20,10 @@ import json
 import warnings
 from pathlib import Path
 
+import hypothesis
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -28,7 +31,9 @@ ort = pytest.importorskip("onnxruntime")
 import export_cases as ec
 from conftest import ROOT, shared_path
 from helpers import shapes_generator, short_shapes_tiny
+from test_paths_fuzz import HEADS, SECTIONS, _few_upsamples
 
+from darkpy import DarkpyError
 from darkpy.cfg import parse_cfg
 from darkpy.export import ExportError, export_onnx
 from darkpy.kernels.activations import NAMES as ACTIVATIONS
@@ -744,3 +749,39 @@ def test_valid_with_the_onnxruntime_engine_matches_darkpy(tmp_path):
         assert r.exit_code == 0, r.output
         runs.append(json.loads(r.output[r.output.index("{"):]))
     assert runs[0]["images"] == 360 and runs[0] == runs[1]
+
+
+# -- drawn networks --------------------------------------------------------------------------------
+#: Sections beyond tests/test_paths_fuzz.py's that the exporter converts on its own terms.
+EXPORT_SECTIONS = [
+    "[maxpool]\nsize=3\nstride=2", "[maxpool]\nsize=2\nstride=2\npadding=1", "[reorg]\nstride=2",
+    "[avgpool]", "[connected]\noutput=7\nactivation=leaky", "[softmax]", "[batchnorm]",
+    "[activation]\nactivation=swish", "[local_avgpool]\nsize=3\nstride=1", "[scale_channels]\nfrom=-2",
+    "[sam]\nfrom=-2", "[convolutional]\nfilters=8\nsize=3\ngroups=8\npad=1\nactivation=relu",
+    "[convolutional]\nfilters=16\nsize=5\nstride=2\npad=2\nbatch_normalize=1\nactivation=swish",
+    "[upsample]\nstride=-2", "[dropout]",
+]
+
+
+@pytest.mark.filterwarnings("ignore::darkpy.cfg.CfgWarning")
+@hypothesis.settings(max_examples=100, deadline=None, derandomize=True,
+                     suppress_health_check=[hypothesis.HealthCheck.too_slow,
+                                            hypothesis.HealthCheck.filter_too_much])
+@hypothesis.given(st.data())
+def test_drawn_networks_export_equal_to_darkpy(data):
+    """Drawn stacks of sections (tests/test_paths_fuzz.py's and the ones above, then a head) export
+    and give darkpy's outputs in ONNX Runtime to 1e-4 relative; a network darkpy does not build is
+    skipped. (1500 random draws passed when this was written.)"""
+    c = data.draw(st.sampled_from([1, 3, 8]))
+    h, w = data.draw(st.integers(4, 20)) * 2, data.draw(st.integers(4, 20)) * 2
+    body = data.draw(st.lists(st.sampled_from(SECTIONS + EXPORT_SECTIONS), min_size=1, max_size=7)
+                     .filter(_few_upsamples))
+    text = (NET.format(w=w, h=h, c=c) + "[convolutional]\nfilters=8\nsize=3\npad=1\n"
+            "batch_normalize=1\nactivation=leaky\n" + "\n".join(body) + "\n"
+            + data.draw(st.sampled_from(HEADS)))
+    try:
+        _assert_equal_to_darkpy(text, tol=1e-4)
+    except ExportError:
+        raise
+    except DarkpyError:             # not a network (shapes that do not fit): darkpy says so
+        hypothesis.assume(False)
