@@ -31,7 +31,7 @@ ort = pytest.importorskip("onnxruntime")
 import export_cases as ec
 from conftest import ROOT, shared_path
 from helpers import shapes_generator, short_shapes_tiny
-from test_paths_fuzz import HEADS, SECTIONS, _few_upsamples
+from test_paths_fuzz import HEADS, SECTIONS, draw_network
 
 from darkpy import DarkpyError
 from darkpy.cfg import parse_cfg
@@ -772,13 +772,7 @@ def test_drawn_networks_export_equal_to_darkpy(data):
     """Drawn stacks of sections (tests/test_paths_fuzz.py's and the ones above, then a head) export
     and give darkpy's outputs in ONNX Runtime to 1e-4 relative; a network darkpy does not build is
     skipped. (1500 random draws passed when this was written.)"""
-    c = data.draw(st.sampled_from([1, 3, 8]))
-    h, w = data.draw(st.integers(4, 20)) * 2, data.draw(st.integers(4, 20)) * 2
-    body = data.draw(st.lists(st.sampled_from(SECTIONS + EXPORT_SECTIONS), min_size=1, max_size=7)
-                     .filter(_few_upsamples))
-    text = (NET.format(w=w, h=h, c=c) + "[convolutional]\nfilters=8\nsize=3\npad=1\n"
-            "batch_normalize=1\nactivation=leaky\n" + "\n".join(body) + "\n"
-            + data.draw(st.sampled_from(HEADS)))
+    text = draw_network(data.draw, SECTIONS + EXPORT_SECTIONS, (4, 20), 7, "leaky", HEADS)
     try:
         _assert_equal_to_darkpy(text, tol=1e-4)
     except ExportError:

@@ -364,14 +364,22 @@ def _few_upsamples(body) -> bool:
     return sum(section.startswith("[upsample]") for section in body) <= 2
 
 
+def draw_network(draw, sections, half_sides: tuple[int, int], most: int, first: str,
+                 heads=("",)) -> str:
+    """The text of a drawn network: a 1, 3, 16 or 40-channel input with even sides of twice
+    `half_sides`, a 16-filter 3x3 batch-norm layer with activation `first`, 1 to `most` of the
+    `sections` (`_few_upsamples`), one of the `heads`. `draw`: a composite's or `st.data()`'s."""
+    c = draw(st.sampled_from([1, 3, 16, 40]))
+    h, w = (draw(st.integers(*half_sides)) * 2 for _ in range(2))
+    body = draw(st.lists(st.sampled_from(sections), min_size=1, max_size=most).filter(_few_upsamples))
+    return (f"[net]\nwidth={w}\nheight={h}\nchannels={c}\n[convolutional]\nfilters=16\nsize=3\n"
+            f"pad=1\nbatch_normalize=1\nactivation={first}\n" + "\n".join(body) + "\n"
+            + draw(st.sampled_from(heads)))
+
+
 @st.composite
 def network_cases(draw):
-    c = draw(st.sampled_from([1, 3, 16, 40]))
-    h, w = draw(st.integers(6, 24)) * 2, draw(st.integers(6, 24)) * 2
-    body = draw(st.lists(st.sampled_from(SECTIONS), min_size=1, max_size=7).filter(_few_upsamples))
-    text = (f"[net]\nwidth={w}\nheight={h}\nchannels={c}\n"
-            "[convolutional]\nfilters=16\nsize=3\npad=1\nbatch_normalize=1\nactivation=leaky\n"
-            + "\n".join(body) + "\n" + draw(st.sampled_from(HEADS)))
+    text = draw_network(draw, SECTIONS, (6, 24), 7, "leaky", HEADS)
     return text, draw(st.integers(1, 3)), (draw(st.integers(5, 40)), draw(st.integers(5, 40)))
 
 
@@ -400,13 +408,7 @@ TRAIN_SECTIONS = [s.replace("leaky", "mish") for s in SECTIONS
 
 @st.composite
 def training_network_cases(draw):
-    c = draw(st.sampled_from([1, 3, 16, 40]))
-    h, w = draw(st.integers(3, 12)) * 2, draw(st.integers(3, 12)) * 2
-    body = draw(st.lists(st.sampled_from(TRAIN_SECTIONS), min_size=1, max_size=6).filter(_few_upsamples))
-    text = (f"[net]\nwidth={w}\nheight={h}\nchannels={c}\n"
-            "[convolutional]\nfilters=16\nsize=3\npad=1\nbatch_normalize=1\nactivation=logistic\n"
-            + "\n".join(body) + "\n")
-    return text, draw(st.integers(1, 3))
+    return draw_network(draw, TRAIN_SECTIONS, (3, 12), 6, "logistic"), draw(st.integers(1, 3))
 
 
 @pytest.mark.slow
