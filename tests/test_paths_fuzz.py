@@ -8,9 +8,10 @@ outputs (darkpy/outputs_plan.py: routes as views, outputs placed over dead ones)
 network runs twice: in float32 as darkpy runs it, and in float64 with every one of those paths
 and fusions switched off (im2col + GEMM and the separate epilogue pass: the path the float64
 gradient checks of test_conv.py cover). Inferring, the outputs must agree, also on the second
-forward (the kept kernel calls), after new weights and at another batch; training (forward and
-backward with an sse cost, twice: the second at another batch), the cost, every parameter's
-gradient and the input gradient must. The `example`s pin one layer per path
+forward (the kept kernel calls), after new weights, at another batch and (networks) resized;
+training (forward and backward with an sse cost, twice: the second at another batch), the cost,
+every parameter's gradient and the input gradient must. The same layers and networks on 2 numba
+threads and on 1 must give the same bits. The `example`s pin one layer per path
 (`test_examples_take_every_path` checks that they still do), hypothesis draws the rest
 (derandomised: CI runs the same draws every time). 1500-2000 random draws of each test passed
 when it was written.
