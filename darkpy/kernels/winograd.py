@@ -18,7 +18,8 @@ of tiles when the output size is odd); the layer runs the 16 products `U[ξ] @ V
 (`darkpy.blas.matmul`, as concurrent streams). `inputs` writes V as 16 C-contiguous rows, one per ξ,
 each holding V[ξ]'s (c, tiles) matrix (and possibly padding after it); the per-tile transforms
 both run, over whole rows of tiles in vector lanes, are in kernels/winograd_tiles.py. The input
-gradient is the same algorithm on the delta with the filters flipped and transposed. The weight gradient uses the adjoints: `outputs_adjoint` (dY -> dM = A dY Aᵀ), the 16
+gradient is the same algorithm on the delta with the filters flipped and transposed. The weight
+gradient uses the adjoints: `outputs_adjoint` (dY -> dM = A dY Aᵀ), the 16
 GEMMs dU[ξ] = dM[ξ] @ V[ξ]ᵀ, and `filters_adjoint_add` (dW += Gᵀ dU G) — exactly the convolution's
 weight gradient, since the forward computes exactly the convolution.
 
@@ -248,7 +249,8 @@ _NO_AFFINE = np.empty(0)
 
 def outputs(y, m, add, k=_NO_AFFINE, off=_NO_AFFINE, act=0, pool=None, mean=None):
     """y: (nb, n, oh, ow) output, C-contiguous, written (add=False) or ADDED to (add=True); m: (16,
-    n, nb·th·tw) the transformed products, each row of tiles contiguous. Each tile is Aᵀ m A, its 2x2 block cropped at the image edge.
+    n, nb·th·tw) the transformed products, each row of tiles contiguous. Each tile is Aᵀ m A, its
+    2x2 block cropped at the image edge.
     k, off: (n,) float64 (and the activation code `act`), or empty: then each written plane becomes
     act(y·k + off) right away, while it is in the cache (the inference epilogue; `bn.infer_affine`
     gives batch norm's k and off, the same values `bn.bn_act_forward_infer` uses, so the result is

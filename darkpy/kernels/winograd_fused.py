@@ -46,13 +46,16 @@ BAND_VALUES = 1 << 18
 FILTER_BLOCK = 32
 
 
-def band_count(tiles_w: int, tiles_h: int, c: int, n: int, items: int, threads: int) -> int:
+def band_count(tiles_w: int, tiles_h: int, c: int, n: int, items: int, parts: int) -> int:
     """Bands per item for a map of tiles_h x tiles_w tiles, c input and n output channels: the
     fewest with at most the rows `band_rows` allows, and where the batch gives few bands, a whole
-    number of bands per thread (13 tile rows at batch 1 as 5 bands leave one thread 3 of them)."""
+    number of bands per part of the work (13 tile rows at batch 1 as 5 bands leave one of two
+    threads 3 of them). The parts: the forward's threads; the weight gradient's fixed slices,
+    since where its bands end splits its sums (with the threads there, each thread count had its
+    own rounding)."""
     bands = -(-tiles_h // band_rows(tiles_w, tiles_h, c, n))
-    if items * bands < 8 * threads:
-        while (items * bands) % threads and bands < tiles_h:
+    if items * bands < 8 * parts:
+        while (items * bands) % parts and bands < tiles_h:
             bands += 1
     return bands
 

@@ -228,9 +228,7 @@ class WinogradConv:
         th, tw = wg.tiles(*dy.shape[2:])
         if FUSED_WGRAD and c <= FUSED_WGRAD_MAX_CHANNELS and th * tw >= FUSED_MIN_TILES // 4:
             du = ic.get((WGRAD_SLICES, 16, c, _lanes(n)), self.dtype)
-            # bands by the slices, not the threads: where a band ends splits the sums, so a band
-            # count that followed the thread count gave each thread count its own rounding
-            bands = wf.band_count(tw, th, c, n, self.batch, WGRAD_SLICES)
+            bands = wf.band_count(tw, th, c, n, self.batch, WGRAD_SLICES)   # (not the threads)
             kept = self.vkeep[:self._vkeep_values if self._v_kept else 0]
             wf.weight_grad3x3(du, x, dy, self.padding, bands, kept, self.wchunk)
             for s in range(1, WGRAD_SLICES):
