@@ -257,6 +257,26 @@ def test_rows_transposed_takes_large_weights_in_small_batches():
     assert not conv_gemm.rows_transposed(16, 10, 512)
 
 
+@pytest.mark.parametrize("batch", [16, 12])
+def test_transposed_rows_run_on_the_own_gemm_where_it_fits(batch, monkeypatch):
+    """In float32 the transposed forward takes darkpy's own GEMM (kernels/gemm.py) where the batch
+    is a multiple of 16, else OpenBLAS: the reference forward either way."""
+    from darkpy.kernels import gemm
+    calls, orig = [], gemm.product
+    monkeypatch.setattr(gemm, "product", lambda *a, **k: (calls.append(1), orig(*a, **k))[1])
+    net = network_from_text(f"[net]\nbatch={batch}\nwidth=1\nheight=1\nchannels=512\n"
+                            "[convolutional]\nfilters=512\nsize=1\nactivation=leaky\n")
+    layer = net.layers[0]
+    assert layer.rows_gemm and layer.rows_transposed
+    rng = np.random.default_rng(3)
+    layer.biases.value[:] = rng.uniform(-1, 1, layer.biases.value.shape)
+    x = rng.uniform(-1, 1, net.input.shape).astype(np.float32)
+    out = net.forward(x)
+    assert len(calls) == (1 if batch % 16 == 0 else 0)
+    for b in range(batch):
+        assert_close(out[b], ref_conv_layer(layer, x[b], False), 1e-4, 1e-5, f"item {b}")
+
+
 def test_gradcheck_darknet_cpu_bn_is_darknets_formula():
     """With darknet_cpu_bn the BN backward is Darknet's: the exact gradient except that the variance
     term divides by N instead of N−1. Check that relation in float64."""

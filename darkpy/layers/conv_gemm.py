@@ -23,7 +23,11 @@ from ..kernels import im2col as ic
 #: its 4 MB of weights come from memory). The product alone, weights from memory: 1024 -> 1000 at
 #: b2, b8, b32 0.82, 0.51, 0.61 -> 0.46, 0.32, 0.47 ms, at b128 and b256 1.02, 1.54 -> 1.13, 2.05;
 #: 512 -> 512 at b16 0.25 -> 0.18, b64 level; 512 -> 10 at b16 0.025 -> 0.13 (the transpose's
-#: threads woken for a product that small).
+#: threads woken for a product that small). The transposed product runs on darkpy's own GEMM where
+#: it fits (`blas.product`: a batch that is a multiple of 16, xᵀ packed once; kernels/gemm.py):
+#: within their forwards at b64 (2-core AVX-512 Xeon, family 6 model 167, SkylakeX kernels, two
+#: processes each) darknet.cfg's 1024 -> 1000 1.16-1.18 -> 0.83-0.88 ms (x @ Wᵀ 0.88-0.93),
+#: resnet50's 2048 -> 1000 1.84-2.03 -> 1.47-1.57 ms; at b16 darknet.cfg's 0.73 -> 0.46 ms.
 ROWS_TRANSPOSED_MAX_BATCH = 64
 ROWS_TRANSPOSED_MIN_WEIGHTS = 1 << 18
 
@@ -83,7 +87,7 @@ class GemmConv:
         wmat = self.weights.value.reshape(self.groups, self.n // self.groups, -1)
         if self.rows_gemm and self.rows_transposed:
             t = ic.get((self.n, 1, self.batch), self.dtype)
-            blas.matmul(wmat[0], x.reshape(self.batch, -1).T, out=t.reshape(self.n, self.batch))
+            blas.product(t.reshape(self.n, self.batch), wmat[0], x.reshape(self.batch, -1).T)
             ic.rows_to_items(y.reshape(self.batch, self.n, 1), t.reshape(self.n, self.batch, 1))
             return
         if self.rows_gemm:
