@@ -110,48 +110,60 @@ def _row_sqdev(r, m):
 
 
 @_reduce_jit
-def _row_dot(a, b):
-    """Σ a·b, accumulated in float64."""
+def _grad_channel(d, y, pre, c, a):
+    """Channel c of d: (B, C, S) in place *= act'; y: (B, C, S) activated output; pre: (B, C, S)
+    pre-activation (read only for the activations that need it). Returns Σ d[:, c] after the
+    multiplication. One call per channel, its items' rows in the loop: a call per row cost more
+    than the row on small maps. The batch-norm backward per layer within the training step (2
+    threads, 2-core AVX-512 Xeon, family 6 model 167), against a call per row: digits' at b32 82,
+    73, 51 -> 76, 48, 30 µs, shapes-tiny's 8x8 layers 459, 457, 246, 177 -> 287, 332, 216, 120 µs
+    and its first 2.4 -> 1.7 ms, cifar's at b128 0.93x the time."""
+    nb, ns = d.shape[0], d.shape[2]
     acc = 0.0
-    for s in range(a.shape[0]):
-        acc += a[s] * b[s]
+    if a == LINEAR:
+        for b in range(nb):
+            for s in range(ns):
+                acc += d[b, c, s]
+    elif a == LEAKY:
+        for b in range(nb):
+            for s in range(ns):
+                v = d[b, c, s] if y[b, c, s] > 0 else 0.1 * d[b, c, s]
+                d[b, c, s] = v
+                acc += v
+    elif a == RELU:
+        for b in range(nb):
+            for s in range(ns):
+                v = d[b, c, s] if y[b, c, s] > 0 else 0.0
+                d[b, c, s] = v
+                acc += v
+    elif a == LOGISTIC:
+        for b in range(nb):
+            for s in range(ns):
+                v = d[b, c, s] * y[b, c, s] * (1 - y[b, c, s])
+                d[b, c, s] = v
+                acc += v
+    elif a == GELU_F32:
+        for b in range(nb):
+            for s in range(ns):
+                v = d[b, c, s] * gelu_f32_grad(pre[b, c, s])
+                d[b, c, s] = v
+                acc += v
+    else:
+        for b in range(nb):
+            for s in range(ns):
+                v = d[b, c, s] * _grad(y[b, c, s], pre[b, c, s], a)
+                d[b, c, s] = v
+                acc += v
     return acc
 
 
 @_reduce_jit
-def _grad_row(d, y, pre, a):
-    """d: (S,) in place *= act'; y: (S,) activated output; pre: (S,) pre-activation (read only for the
-    activations that need it). Returns Σ d after the multiplication."""
-    n = d.shape[0]
+def _channel_dot(d, x, c):
+    """Σ d[:, c] · x[:, c] over items and positions of (B, C, S) arrays, accumulated in float64."""
     acc = 0.0
-    if a == LINEAR:
-        for s in range(n):
-            acc += d[s]
-    elif a == LEAKY:
-        for s in range(n):
-            v = d[s] if y[s] > 0 else 0.1 * d[s]
-            d[s] = v
-            acc += v
-    elif a == RELU:
-        for s in range(n):
-            v = d[s] if y[s] > 0 else 0.0
-            d[s] = v
-            acc += v
-    elif a == LOGISTIC:
-        for s in range(n):
-            v = d[s] * y[s] * (1 - y[s])
-            d[s] = v
-            acc += v
-    elif a == GELU_F32:
-        for s in range(n):
-            v = d[s] * gelu_f32_grad(pre[s])
-            d[s] = v
-            acc += v
-    else:
-        for s in range(n):
-            v = d[s] * _grad(y[s], pre[s], a)
-            d[s] = v
-            acc += v
+    for b in range(d.shape[0]):
+        for s in range(d.shape[2]):
+            acc += d[b, c, s] * x[b, c, s]
     return acc
 
 
@@ -186,10 +198,7 @@ def bias_act_forward(y, pre, biases, act, keep_pre):
 @jit(inline="always")
 def _bias_act_grad_channel(delta, y, pre, bias_grad, act, c):
     delta, y, pre = borrowed(delta), borrowed(y), borrowed(pre)
-    acc = 0.0
-    for b in range(delta.shape[0]):
-        acc += _grad_row(delta[b, c], y[b, c], pre[b, c], act)
-    bias_grad[c] += acc
+    bias_grad[c] += _grad_channel(delta, y, pre, c, act)
 
 
 @pjit
@@ -270,7 +279,7 @@ def bias_act_forward_rows(y, pre, biases, act, keep_pre):
 @vjit
 def _grad_sum_row(d, y, pre, acc, a):
     """One row (or a span of it), all (c,): d *= act' (from y, or pre for the activations that need
-    it); acc: float64 += the products, unrounded (as `_grad_row` sums them)."""
+    it); acc: float64 += the products, unrounded (as `_grad_channel` sums them)."""
     n = d.shape[0]
     if a == LINEAR:
         for j in range(n):
@@ -440,17 +449,12 @@ def _bn_grad_channel(delta, y, xnorm, var, scales, biases, bias_grad, scale_grad
     keep_pre = needs_input(act)
     g = scales[c]
     beta = biases[c]
-    sd = 0.0   # Σ δ
-    sdx = 0.0  # Σ δ·x̂
-    for b in range(nb):
-        d = delta[b, c]
-        xn = xnorm[b, c]
-        if keep_pre:
-            p = pre[b, c]
+    if keep_pre:
+        for b in range(nb):
             for s in range(ns):
-                p[s] = g * xn[s] + beta
-        sd += _grad_row(d, y[b, c], pre[b, c], act)
-        sdx += _row_dot(d, xn)
+                pre[b, c, s] = g * xnorm[b, c, s] + beta
+    sd = _grad_channel(delta, y, pre, c, act)      # Σ δ
+    sdx = _channel_dot(delta, xnorm, c)            # Σ δ·x̂
     bias_grad[c] += sd
     scale_grad[c] += sdx
     v = var[c]
@@ -467,10 +471,8 @@ def _bn_grad_channel(delta, y, xnorm, var, scales, biases, bias_grad, scale_grad
     k_mean = g * sd / (n * sigma)
     k_var = g * sdx * fwd * fwd / (sigma * sigma * sigma * nv)
     for b in range(nb):
-        d = delta[b, c]
-        xn = xnorm[b, c]
         for s in range(ns):
-            d[s] = k_d * d[s] - k_mean - xn[s] * k_var
+            delta[b, c, s] = k_d * delta[b, c, s] - k_mean - xnorm[b, c, s] * k_var
 
 
 @pjit
