@@ -775,7 +775,7 @@ def test_drawn_networks_export_equal_to_darkpy(data):
     text = draw_network(data.draw, SECTIONS + EXPORT_SECTIONS, (4, 20), 7, "leaky", HEADS)
     try:
         _assert_equal_to_darkpy(text, tol=1e-4)
-    except ExportError:
+    except ExportError:             # a DarkpyError too, but the exporter refusing fails the test
         raise
     except DarkpyError:             # not a network (shapes that do not fit): darkpy says so
         hypothesis.assume(False)

@@ -159,7 +159,7 @@ def _grad_channel(d, y, pre, c, a):
 
 @_reduce_jit
 def _channel_dot(d, x, c):
-    """Σ d[:, c] · x[:, c] over items and positions of (B, C, S) arrays, accumulated in float64."""
+    """Σ d[:, c] · x[:, c] over the items and positions of (B, C, S) arrays, in float64."""
     acc = 0.0
     for b in range(d.shape[0]):
         for s in range(d.shape[2]):

@@ -11,8 +11,9 @@ Inside a kernel only: `load(a, i)` (a[i:i+LANES] of a 1-D C-contiguous array), `
 `store_low(a, i, v)` (v's first LANES/2 lanes at a[i:]), `get(a, i)` (the scalar a[i], of an
 integer array too),
 `zero(a)` (a vector of a's dtype), `u + v` and `u - v` (as `add` and `sub`), `fma(acc, s, v)`
-(acc + s·v per lane, rounded once: LLVM's fma, one instruction where the CPU has FMA), `add(u, v)`, `sub(u, v)`, `mul(u, v)`, `neg(v)` (per
-lane, IEEE: each lane the bits of the scalar operation), `widen(v)` (as float64), `cast_like(a, v)`
+(acc + s·v per lane, rounded once: LLVM's fma, one instruction where the CPU has FMA), `add(u, v)`,
+`sub(u, v)`, `mul(u, v)`, `neg(v)` (per lane, IEEE: each lane the bits of the scalar operation),
+`widen(v)` (as float64), `cast_like(a, v)`
 (as a's dtype, rounded as the scalar cast), `positive_or(v, u)` (v's lane where it is > 0,
 else u's), `greater_or(v, u)` (v's lane where it is > u's, else u's), `evens(u, v)` and
 `odds(u, v)` (the even or odd lanes of u then of v: a row's every other value), `zip_low(u, v)` and
