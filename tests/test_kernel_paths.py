@@ -306,8 +306,9 @@ def test_gather_tables_kept_within_budget(monkeypatch):
 
 
 # -- training-only kernels with a serial branch (maxpool/upsample backward, softmax cross-entropy) ----
+@pytest.mark.parametrize("fresh", [False, True])   # True: the item's row is zeroed, not added into
 @pytest.mark.parametrize("items", [2, 40])        # 2: below PARALLEL_MIN, 40: above it
-def test_maxpool_backward_both_branches(items):
+def test_maxpool_backward_both_branches(items, fresh):
     from darkpy.layers.pooling import maxpool_backward
     rng = np.random.default_rng(items)
     n, per_item = 1024, 4096
@@ -316,8 +317,8 @@ def test_maxpool_backward_both_branches(items):
     delta = rng.standard_normal((items, n)).astype(np.float32)
     prev = np.full((items, per_item), 0.5, np.float32)
     assert (delta.size < PARALLEL_MIN) == (items == 2)
-    maxpool_backward(prev, delta, idx)
-    ref = np.full((items, per_item), 0.5)
+    maxpool_backward(prev, delta, idx, fresh)
+    ref = np.full((items, per_item), 0.0 if fresh else 0.5)
     for b in range(items):
         keep = idx[b] >= 0
         np.add.at(ref[b], idx[b][keep], delta[b][keep].astype(np.float64))

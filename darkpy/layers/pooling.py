@@ -261,22 +261,26 @@ def _maxpool_item(out, idx, x, bc, size, sy, sx, off, with_idx):
 
 
 @pjit
-def maxpool_backward(prev_delta, delta, idx):
+def maxpool_backward(prev_delta, delta, idx, fresh):
     """prev_delta: (B, C*H*W) flat per item; delta, idx: (B, C*OH*OW), idx flat into the item.
-    prev_delta[b, argmax] += delta.
+    prev_delta[b, argmax] += delta; with `fresh` each item's row of prev_delta is zeroed first (the
+    network left it unfilled, `State.delta_fresh`): zeroed and scattered into while it is in the
+    cache, where a fill of the whole delta beforehand had left it in memory.
     Parallel over batch items: two outputs of one item may share an argmax, so an item stays on one
     thread; serial below PARALLEL_MIN values."""
     B, n = delta.shape
     if delta.size < PARALLEL_MIN:
         for b in range(B):
-            _maxpool_backward_item(prev_delta, delta, idx, b)
+            _maxpool_backward_item(prev_delta, delta, idx, b, fresh)
     else:
         for b in prange(B):
-            _maxpool_backward_item(prev_delta, delta, idx, b)
+            _maxpool_backward_item(prev_delta, delta, idx, b, fresh)
 
 
 @jit(inline="always")
-def _maxpool_backward_item(prev_delta, delta, idx, b):
+def _maxpool_backward_item(prev_delta, delta, idx, b, fresh):
+    if fresh:
+        prev_delta[b, :] = 0
     for k in range(delta.shape[1]):
         i = idx[b, k]
         if i >= 0:
@@ -453,6 +457,8 @@ class MaxPoolLayer(_WindowPool):
     kind = "maxpool"
     aliases = ("max",)
     label = "max"
+    #: backward() zeroes each item's previous delta itself before adding into it (`maxpool_backward`)
+    assigns_fresh_delta = True
 
     def allocate(self, batch: int) -> None:
         super().allocate(batch)
@@ -511,7 +517,7 @@ class MaxPoolLayer(_WindowPool):
         if not self._indexed:    # the last forward was an inference one: find the argmaxes now
             self._pool(s.input.reshape(self.batch, *self.in_shape), True)
         maxpool_backward(s.delta.reshape(self.batch, -1), self.delta.reshape(self.batch, -1),
-                         self.indexes.reshape(self.batch, -1))
+                         self.indexes.reshape(self.batch, -1), s.delta_fresh)
 
 
 @register
