@@ -15,7 +15,9 @@ from the second thread depends on the machine, its load, the batch and the input
 - the next 2·SAMPLES passes (2·SAMPLES_LONG when the first of them took LONG_PASS_S or more)
   alternate between all threads and one thread for every layer, timing each layer;
 - each layer is then given one thread if its fastest one-thread time was clearly lower (below
-  ONE_THREAD_BELOW of its all-thread time), else all threads;
+  ONE_THREAD_BELOW of its all-thread time), else all threads, except a layer whose two times
+  differ by no more than a switch costs: it runs on the count of the layer before it in the pass
+  (`_follow`), so it cuts no run in two;
 - that choice is checked in place: for up to CHECK_ROUNDS rounds of as many passes run as chosen,
   a layer left on all threads whose time there is not clearly above its one-thread time moves to
   one thread. In the alternating passes every layer found the pool awake (its predecessor had just
@@ -71,6 +73,28 @@ CHECK_ROUNDS = 2
 def _moves(many: float, one: float) -> bool:
     """Whether a layer that took `many` seconds on all threads and `one` on one thread moves to one."""
     return one < ONE_THREAD_BELOW * many and many - one > SWITCH_S
+
+
+def _indifferent(many: float, one: float) -> bool:
+    """Whether a layer's two times differ by no more than a switch costs (SWITCH_S): a fused pool
+    that does nothing, a kernel that runs serially either way."""
+    return abs(many - one) <= SWITCH_S
+
+
+def _follow(decided: list, order: Sequence[int], threads: int) -> list[int]:
+    """`decided` (a count per layer, None where the layer is indifferent) with each None given the
+    count of the layer the pass runs just before it (`threads` for the first: the pass starts on
+    it), so that an indifferent layer never cuts a run in two. A small network at batch 1 chose
+    digits' second and third convolutions (serial kernels) for one thread and left its fused
+    maxpool and its average pool, which do nothing there, on two: six switches a pass instead of
+    two."""
+    choice = list(decided)
+    current = threads
+    for i in order:
+        if choice[i] is None:
+            choice[i] = current
+        current = choice[i]
+    return [threads if n is None else n for n in choice]
 
 
 def switch_threads(n: int) -> None:
@@ -200,8 +224,9 @@ class ThreadPlan:
             self.samples = SAMPLES_LONG
             self.checks = SAMPLES_LONG * CHECK_ROUNDS
         if self.passes > 2 * self.samples:
-            self.choice = [1 if _moves(many, one) else self.threads
-                           for many, one in zip(*self.best)]
+            decided = [1 if _moves(many, one) else None if _indifferent(many, one) else self.threads
+                       for many, one in zip(*self.best)]
+            self.choice = _follow(decided, order, self.threads)
 
 
 def forward_runs(runs: list, threads: int, s, clear_costs: bool) -> None:

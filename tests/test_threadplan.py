@@ -43,7 +43,8 @@ class FakeClock:
 @pytest.mark.parametrize("unit", [1.0, 1e-4])
 def test_plan_measures_both_arms_then_keeps_the_faster_per_layer(unit):
     # (time on 2 threads, time on 1): layer 0 gains from the second thread, layer 1 loses, 2 ties
-    # and 3 is only a little faster on one thread (kept on all: ONE_THREAD_BELOW). Passes of 11
+    # (it follows layer 1: `_follow`) and 3 is only a little faster on one thread (kept on all:
+    # ONE_THREAD_BELOW; by more than SWITCH_S, so not a tie, in either unit). Passes of 11
     # units: in seconds long ones (SAMPLES_LONG passes per arm), in 0.1 ms short ones (SAMPLES)
     costs = {0: (3.0, 5.0), 1: (4.0, 1.0), 2: (2.0, 2.0), 3: (2.0, 1.9)}
     clock = FakeClock({i: (a * unit, b * unit) for i, (a, b) in costs.items()})
@@ -60,7 +61,7 @@ def test_plan_measures_both_arms_then_keeps_the_faster_per_layer(unit):
         assert plan.choice is None
         plan.run(range(4), step)
         assert numba.get_num_threads() == 2          # the caller's count is back after each pass
-    assert ONE_THREAD_BELOW * 2.0 < 1.9 and plan.choice == [2, 1, 2, 2]
+    assert ONE_THREAD_BELOW * 2.0 < 1.9 and 0.1 * unit > SWITCH_S and plan.choice == [2, 1, 1, 2]
     assert plan.samples == samples and plan.checks == samples * CHECK_ROUNDS
     # pass 0 untimed on all threads, then all threads and one thread in turn
     arms = [n for p, i, n in seen if i == 0]
@@ -69,7 +70,7 @@ def test_plan_measures_both_arms_then_keeps_the_faster_per_layer(unit):
                          [pytest.approx(b * unit) for _, b in costs.values()]]
     seen.clear()
     plan.run(range(4), step)
-    assert [n for _, _, n in seen] == [2, 1, 2, 2] and numba.get_num_threads() == 2
+    assert [n for _, _, n in seen] == [2, 1, 1, 2] and numba.get_num_threads() == 2
     # a step that returns True stops the pass
     seen.clear()
     plan.run(range(3), lambda i: seen.append(i) or i == 1)
@@ -174,6 +175,23 @@ def test_a_layer_moves_to_one_thread_only_when_it_gains_more_than_a_switch():
         plan.run(range(3), clock.step)
     assert 0.5e-6 < SWITCH_S < 3e-6 and ONE_THREAD_BELOW * 100.0 < 95.0
     assert plan.choice == [2, 1, 2]
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_layers_that_tie_run_on_the_count_of_the_layer_run_before_them(backward):
+    # in microseconds: 0 and 3 tie (a fused pool doing nothing, a serial kernel), 1 gains from one
+    # thread, 2 from two, 4 ties. Forward, 0 follows the pass's start (2 threads), 3 follows 2 and
+    # 4 follows 3; backward (4 first), 4 follows the start, 3 follows 4, and 0 follows 1.
+    costs = {0: (0.3, 0.3), 1: (9.0, 4.0), 2: (9.0, 20.0), 3: (5.0, 5.5), 4: (0.2, 0.1)}
+    clock = FakeClock({i: (a * 1e-6, b * 1e-6) for i, (a, b) in costs.items()})
+    plan = ThreadPlan(5, 2, clock=clock)
+    order = range(4, -1, -1) if backward else range(5)
+    while plan.choice is None:
+        plan.run(order, clock.step)
+    assert plan.choice == ([2, 1, 2, 2, 2] if not backward else [1, 1, 2, 2, 2])
+    plan.checks = 0
+    assert plan.runs(list("abcde")) == ([(2, ["a"]), (1, ["b"]), (2, ["c", "d", "e"])] if not backward
+                                        else [(1, ["a", "b"]), (2, ["c", "d", "e"])])
 
 
 def test_runs_cut_a_settled_choice_into_runs_on_one_thread_count():
