@@ -37,7 +37,7 @@ from helpers import same_random_parameters
 #: The module switches of the paths, fusions and shared buffers the float64 reference runs
 #: without (its deltas each a buffer of its own, its routes copies, nothing streamed).
 PATHS_OFF = [(conv, "WINOGRAD"), (conv, "DIRECT"), (conv, "DIRECT_FV"), (conv, "POINTWISE"),
-             (conv, "POINTWISE_LARGE"), (conv, "FUSED_EPILOGUE"), (outputs_plan, "FUSE_POOLS"),
+             (conv, "POINTWISE_LARGE"), (conv, "POINTWISE_PACKED"), (conv, "FUSED_EPILOGUE"), (outputs_plan, "FUSE_POOLS"),
              (outputs_plan, "AVERAGE_FIRST"), (outputs_plan, "WRITE_MEANS"),
              (outputs_plan, "ROUTE_VIEWS"), (deltas_plan, "SHARE"), (route, "STREAM"),
              (direct, "STREAM")]
@@ -177,7 +177,7 @@ def batch_norm_of_few(net) -> bool:
 
 
 def path_of(layer) -> str:
-    for name in ("pointwise", "direct_fv", "direct", "winograd", "pointwise_large"):
+    for name in ("pointwise", "direct_fv", "direct", "winograd", "pointwise_large", "pointwise_packed"):
         if getattr(layer, name):
             return name
     return "gemm"
@@ -193,6 +193,7 @@ INFER_EXAMPLES = {
     "winograd": (48, 40, 3, 1, 1, 20, 18, 2, 1, "leaky", 1, 1),
     "winograd means": (512, 200, 3, 1, 1, 7, 7, 8, 1, "leaky", 1, 3),
     "pointwise": (64, 27, 1, 1, 0, 8, 8, 2, 0, "linear", 1, 0),
+    "pointwise packed": (264, 24, 1, 1, 0, 23, 25, 2, 1, "leaky", 1, 0),
     "gemm": (6, 10, 5, 2, 2, 11, 13, 2, 1, "logistic", 2, 2),
 }
 TRAIN_EXAMPLES = {     # (training applies the activation's gradient in one pass on every path)
@@ -206,7 +207,8 @@ TRAIN_EXAMPLES = {     # (training applies the activation's gradient in one pass
 INFER_PATHS = {"direct": ("direct", "pool"), "direct stride 2": ("direct", None),
                "direct 7x7": ("direct", "pool"), "direct_fv": ("direct_fv", "means"),
                "winograd": ("winograd", "pool"), "winograd means": ("winograd", "means"),
-               "pointwise": ("pointwise", None), "gemm": ("gemm", None)}
+               "pointwise": ("pointwise", None), "pointwise packed": ("pointwise_packed", None),
+               "gemm": ("gemm", None)}
 
 
 def fusion_of(layer) -> str | None:
@@ -217,7 +219,7 @@ def fusion_of(layer) -> str | None:
 def test_examples_take_every_path(name):
     """The pinned examples still reach the path (and fusion) each is named for (else they stop
     covering it)."""
-    if INFER_PATHS[name][0] == "pointwise" and simd.LANES != 16:
+    if INFER_PATHS[name][0].startswith("pointwise") and simd.LANES != 16:
         pytest.skip("the fused 1x1 kernel is for AVX-512 machines")
     c, n, k, s, p, h, w, b, bn, act, g, t = INFER_EXAMPLES[name]
     net = network_from_text(cfg_text(c, n, k, s, p, h, w, bn, act, g, tail=TAILS[t]), batch=b)

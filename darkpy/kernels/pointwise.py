@@ -40,6 +40,22 @@ process, measured level (within the VM's 5 %). At b1 (outputs of up to 3.2 MB, b
 LARGE_MIN_BYTES) resnet50's whole forward took 1.03-1.14x the time with `blas_forward` on its 1x1
 layers: the split by filters there is slower than OpenBLAS's own threads, and the separate pass
 is cheap on an output still in the caches.
+
+The other 1x1 layers with a multiple of 8 filters on maps of 512 positions or more, whose input
+is small enough to stay in the caches (layers/convolutional.py: POINTWISE_PACKED, at b1 in
+practice), take `packed_forward`: the same microkernel on panels of CV positions whose input values
+are first packed side by side (PACKED_KB channels at a time), so that it reads one contiguous block
+instead of C rows a whole map apart, with the epilogue fused. Each layer within its network's
+forward at b1 (2 threads, 2-core AVX-512 Xeon, medians of 20-60 forwards, processes alternating),
+against OpenBLAS and the separate pass: darknet19's 128 -> 64 on 56x56 0.40-0.42 against
+0.60-0.62 ms, yolov4-tiny's 64 -> 64 on 104x104 0.59-0.63 against 0.73-0.86, 128 -> 128 on 52x52
+0.45-0.46 against 0.57-0.61 and 256 -> 256 on 26x26 0.49 against 0.58-0.61, resnet50's 64 -> 64,
+256 -> 64 and 256 -> 128 on 56x56 0.20, 0.60 and 0.94 against 0.27, 0.71 and 1.06, its 128 -> 512
+on 28x28 0.56 against 0.66; its 64 -> 256 on 56x56 and 512 -> 256 on 28x28 level (0.69-0.89
+against 0.73-0.83, 1.00 against 0.98). The whole forwards, alternating in one process: resnet50
+0.98-1.01x the time, darknet19 0.985-1.01x, yolov4-tiny 0.98-1.00x (within the VM's noise). At
+b64 its input comes from memory and the stacked GEMM stayed ahead (tiny.cfg's 128 -> 32 and
+256 -> 32 on 28x28: 3.9-4.6 against 3.8 ms, 7.0-8.1 against 6.8-6.9), hence the input bound.
 """
 from __future__ import annotations
 
@@ -255,3 +271,143 @@ def blas_forward(y, x, w, k=_NO_AFFINE, off=_NO_AFFINE, act=0):
     B, N, P = y.shape
     cols, fblock = blas_units(B, N, x.shape[1], P)
     _blas_units(y, x, w, k, off, act, cols, fblock)
+
+
+# -- the packed path: larger layers on darkpy's microkernel ------------------------------------------
+#: k per pass over a packed panel (KB x CV input values: 32 KB, in the L1 cache while every block of
+#: eight filters of the unit reads it) and filters per unit (a multiple of 8).
+PACKED_KB = 256
+PACKED_ROWS = 128
+#: Most panels per unit: the run's rows go through the epilogue together.
+PACKED_PANELS = 4
+#: Fewest units (runs of panels) for which each unit takes all filters (`packed_plan`).
+PACKED_MIN_UNITS = 8
+#: Units' filters vary slowest (each thread reads its filters' rows once, for every run in turn)
+#: rather than the runs of panels.
+PACKED_FILTERS_FIRST = True
+
+
+def supports_packed(c: int, n: int, k: int, stride: int, pad: int, groups: int, dilation: int,
+                    inference_only: bool, dtype) -> bool:
+    """Layers `packed_forward` can take: 1x1, stride 1, unpadded, ungrouped, float32, a multiple of
+    8 filters, in a network that will only infer, on AVX-512 (as `supports`)."""
+    return (inference_only and k == 1 and stride == 1 and pad == 0 and groups == 1
+            and dilation == 1 and np.dtype(dtype) == np.float32 and simd.LANES == 16
+            and n % 8 == 0)
+
+
+def packed_plan(B: int, N: int, P: int) -> tuple[int, int]:
+    """(rows, panels): filters and panels of CV positions per unit of `packed_forward`. All filters
+    where the runs of up to PACKED_PANELS panels number at least PACKED_MIN_UNITS (the input is
+    then packed by each unit, once), else groups of PACKED_ROWS filters; fixed by the shape,
+    never by the thread count."""
+    npan = -(-P // CV)
+    panels = max(1, min(PACKED_PANELS, B * npan // PACKED_MIN_UNITS))
+    if B * -(-npan // panels) >= PACKED_MIN_UNITS:
+        return N, panels
+    return min(N, PACKED_ROWS), panels
+
+
+def packed_scratch(B: int, N: int, C: int, P: int) -> int:
+    """Floats of the inputs packed ahead of `packed_forward` (every item's panels, K x CV each),
+    where a panel's units are more than one group of filters (`packed_plan`); else 0."""
+    return B * -(-P // CV) * C * CV if packed_plan(B, N, P)[0] < N else 0
+
+
+@_jit
+def _pack(dst, d0, xb, P, v, width, k0, k1):
+    """dst[d0 + (kk − k0)·CV + j] := xb[kk·P + v + j] for kk in k0..k1−1, j < width (zeros after)."""
+    L = simd.LANES
+    for kk in range(k0, k1):
+        base, src = d0 + (kk - k0) * CV, kk * P + v
+        if width == CV:
+            simd.store(dst, base, simd.load(xb, src))
+            simd.store(dst, base + L, simd.load(xb, src + L))
+        else:
+            for j in range(width):
+                dst[base + j] = xb[src + j]
+            for j in range(width, CV):
+                dst[base + j] = 0.0
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def _packed_unit(y, x, w, k, off, act, xp, kb, rows, panels, first, u):
+    """Unit u of `packed_forward`: item b's filters r0..r1−1 at its run of PACKED_PANELS panels of
+    CV positions; each panel summed over the channels PACKED_KB at a time from the packed values
+    (xp's, or packed here), then act(·k + off) on the run's rows while they are in the cache."""
+    B, N, P = y.shape
+    C = x.shape[1]
+    npan, ngroups = -(-P // CV), -(-N // rows)
+    nruns = -(-npan // panels)
+    b, rest = u // (nruns * ngroups), u % (nruns * ngroups)
+    if first:
+        g, q = rest // nruns, rest % nruns
+    else:
+        q, g = rest // ngroups, rest % ngroups
+    r0 = g * rows
+    r1 = min(N, r0 + rows)
+    yb, xb, w1 = y[b].reshape(N * P), x[b].reshape(C * P), w.reshape(N * C)
+    tile = np.empty(rows * CV, y.dtype)
+    panel = np.empty(0 if xp.size else kb * CV, y.dtype)
+    p0 = q * panels
+    for p in range(p0, min(npan, p0 + panels)):
+        v = p * CV
+        width = min(CV, P - v)
+        for k0 in range(0, C, kb):
+            k1 = min(k0 + kb, C)
+            if xp.size:
+                src, s0 = xp, (b * npan + p) * C * CV
+            else:
+                _pack(panel, 0, xb, P, v, width, k0, k1)
+                src, s0 = panel, -k0 * CV
+            for r in range(r0, r1, 8):
+                if width == CV:
+                    rows8x2(yb, r * P + v, P, w1, r * C, C, src, s0, CV, k0, k1, k0 > 0)
+                else:
+                    rows8x2(tile, (r - r0) * CV, CV, w1, r * C, C, src, s0, CV, k0, k1, k0 > 0)
+        if width < CV:
+            for r in range(r0, r1):
+                for j in range(width):
+                    yb[r * P + v + j] = tile[(r - r0) * CV + j]
+    if k.shape[0]:
+        v0, v1 = p0 * CV, min(P, (p0 + panels) * CV)
+        for r in range(r0, r1):
+            affine_act_row(y[b, r, v0:v1], k[r], off[r], act)
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def _packed_serial(y, x, w, k, off, act, xp, kb, rows, panels, first):
+    B, N, P = y.shape
+    npan, C = -(-P // CV), x.shape[1]
+    for bp in range(B * npan if xp.size else 0):
+        _pack(xp, bp * C * CV, x[bp // npan].reshape(-1), P, (bp % npan) * CV,
+              min(CV, P - (bp % npan) * CV), 0, C)
+    for u in range(B * -(-npan // panels) * -(-N // rows)):
+        _packed_unit(y, x, w, k, off, act, xp, kb, rows, panels, first, u)
+
+
+@njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
+def _packed_parallel(y, x, w, k, off, act, xp, kb, rows, panels, first):
+    B, N, P = y.shape
+    npan, C = -(-P // CV), x.shape[1]
+    for bp in prange(B * npan if xp.size else 0):
+        _pack(xp, bp * C * CV, x[bp // npan].reshape(-1), P, (bp % npan) * CV,
+              min(CV, P - (bp % npan) * CV), 0, C)
+    for u in prange(B * -(-npan // panels) * -(-N // rows)):
+        _packed_unit(y, x, w, k, off, act, xp, kb, rows, panels, first, u)
+
+
+def packed_forward(y, x, w, k=_NO_AFFINE, off=_NO_AFFINE, act=0, xp=None):
+    """As `conv_forward` for layers `supports_packed` takes (N % 8 == 0), any number of channels and
+    positions: units of PACKED_ROWS filters x one panel of CV positions of an item, each panel's
+    input values packed contiguously (PACKED_KB channels at a time: no stride of a whole map between
+    the rows the microkernel reads), the epilogue applied to each unit's rows. xp: scratch of
+    `packed_scratch` floats (the panels packed once for all the groups of filters), or None where
+    that is 0. Each output is summed over the channels in order: the same bits at any thread
+    count. Serial below PARALLEL_MIN_MACS multiply-adds."""
+    B, N, P = y.shape
+    xp = np.empty(0, y.dtype) if xp is None else xp
+    serial = thread_count() == 1 or y.size * x.shape[1] < PARALLEL_MIN_MACS
+    rows, panels = packed_plan(B, N, P)
+    (_packed_serial if serial else _packed_parallel)(y, x, w, k, off, act, xp, PACKED_KB, rows,
+                                                     panels, PACKED_FILTERS_FIRST)

@@ -115,6 +115,12 @@ POINTWISE = True
 #: ... and batches of large outputs (`pw.supports_large`) the GEMM with the epilogue fused
 #: (`blas.pointwise`). False: the GEMM path and its separate pass.
 POINTWISE_LARGE = True
+#: ... and the other 1x1 layers of such a network on maps of at least PACKED_MIN_POSITIONS
+#: positions, with at most PACKED_MAX_INPUT_BYTES of input in the batch, the microkernel on packed
+#: panels with the epilogue fused (`pw.packed_forward`; measured there). False: never.
+POINTWISE_PACKED = True
+PACKED_MIN_POSITIONS = 512
+PACKED_MAX_INPUT_BYTES = 4 << 20
 
 #: Keys that switch on behaviour darkpy does not implement; a non-zero value is an error.
 UNSUPPORTED_KEYS = {
@@ -173,7 +179,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         self.winograd = False
         self.direct = False
         self.direct_fv = False
-        self.pointwise = self.pointwise_large = False
+        self.pointwise = self.pointwise_large = self.pointwise_packed = False
         self._kept_wt = None                        # direct_fv's filters_last layout, once made
         self._wt_flipped = np.zeros((0,), self.dtype)   # ... and its input gradient's
         self.wchunk = 1
@@ -305,6 +311,12 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         self.pointwise_large = (not taken and POINTWISE_LARGE and pw.supports_large(*geometry)
                                 and blas.cblas.load())
         taken = taken or self.pointwise_large
+        self.pointwise_packed = (not taken and POINTWISE_PACKED and cols >= PACKED_MIN_POSITIONS
+                                 and batch * self.in_shape[0] * cols * 4 <= PACKED_MAX_INPUT_BYTES
+                                 and pw.supports_packed(*geometry[:7], self.inference_only, self.dtype))
+        taken = taken or self.pointwise_packed
+        if self.pointwise_packed:
+            ic.reserve(pw.packed_scratch(batch, self.n, self.in_shape[0], cols), self.dtype)
         # a 1x1 layer on a 1x1 map (a classifier's last layer) is a connected layer: one GEMM of the
         # batch's rows, (B, c) @ Wᵀ, straight from the input into the output (instead of B GEMVs:
         # darknet.cfg's 1024 -> 1000 at b64 ran at 55 GFLOP/s)
@@ -339,7 +351,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         (`inference_only`) made at the first call after `allocate` or `weights_changed` and kept
         (digits' forward at b1 spent ~2.5 µs a layer making it)."""
         self._fused = ((self.winograd or self.direct or self.direct_fv or self.pointwise
-                        or self._on_pointwise_large())
+                        or self.pointwise_packed or self._on_pointwise_large())
                        and not train and FUSED_EPILOGUE)
         return self._inference_epilogue() if self._fused else ()
 
@@ -440,10 +452,11 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
     # -- compute --------------------------------------------------------------------------------
     def forward(self, s: State) -> None:
         """The layer's path (the direct convolution across filters, Winograd, the direct one,
-        pointwise or its large-batch GEMM, else GEMMs: `_forward_gemm`) into the output, with the
-        epilogue where the path takes it (`_epilogue`), else the separate pass. Inferring with
-        shared outputs, what `outputs_plan.fuse_pools` fused is written instead of the output: the
-        average pool after it, its maps' means for the layer after, or the 2x2 maxpool after it.
+        pointwise, its large-batch GEMM or its packed panels, else GEMMs: `_forward_gemm`) into the
+        output, with the epilogue where the path takes it (`_epilogue`), else the separate pass.
+        Inferring with shared outputs, what `outputs_plan.fuse_pools` fused is written instead of
+        the output: the average pool after it, its maps' means for the layer after, or the 2x2
+        maxpool after it.
         An inference forward of the direct paths with the weights fixed makes its kernel call once
         and keeps it (kernels/kernel_call.py)."""
         if not s.train and self._kept_call is not None and self._kept_call.matches(self._made_from(s)):
@@ -485,6 +498,12 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
             pw.conv_forward(y.reshape(self.batch, self.n, -1),
                             x.reshape(self.batch, self.in_shape[0], -1),
                             self.weights.value.reshape(self.n, -1), *self._epilogue(s.train))
+        elif self.pointwise_packed:
+            c, p = self.in_shape[0], oh * ow
+            scratch = pw.packed_scratch(self.batch, self.n, c, p)
+            pw.packed_forward(y.reshape(self.batch, self.n, p), x.reshape(self.batch, c, p),
+                              self.weights.value.reshape(self.n, c), *self._epilogue(s.train),
+                              xp=ic.get((scratch,), self.dtype) if scratch else None)
         elif self._on_pointwise_large():
             blas.pointwise(y.reshape(self.batch, self.n, -1),
                            x.reshape(self.batch, self.in_shape[0], -1),
