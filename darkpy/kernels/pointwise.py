@@ -332,9 +332,10 @@ def _pack(dst, d0, xb, P, v, width, k0, k1):
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
 def _packed_unit(y, x, w, k, off, act, xp, kb, rows, panels, first, u):
-    """Unit u of `packed_forward`: item b's filters r0..r1−1 at its run of PACKED_PANELS panels of
-    CV positions; each panel summed over the channels PACKED_KB at a time from the packed values
-    (xp's, or packed here), then act(·k + off) on the run's rows while they are in the cache."""
+    """Unit u of `packed_forward`: item b's filters r0..r1−1 (`rows` of them) at its run of
+    `panels` panels of CV positions; each panel summed over the channels kb at a time from the
+    packed values (xp's, or packed here), then act(·k + off) on the run's rows while they are in
+    the cache."""
     B, N, P = y.shape
     C = x.shape[1]
     npan, ngroups = -(-P // CV), -(-N // rows)
@@ -347,7 +348,7 @@ def _packed_unit(y, x, w, k, off, act, xp, kb, rows, panels, first, u):
     r0 = g * rows
     r1 = min(N, r0 + rows)
     yb, xb, w1 = y[b].reshape(N * P), x[b].reshape(C * P), w.reshape(N * C)
-    tile = np.empty(rows * CV, y.dtype)
+    tile = np.empty(rows * CV if P % CV else 0, y.dtype)     # a last panel's sums
     panel = np.empty(0 if xp.size else kb * CV, y.dtype)
     p0 = q * panels
     for p in range(p0, min(npan, p0 + panels)):
@@ -399,9 +400,10 @@ def _packed_parallel(y, x, w, k, off, act, xp, kb, rows, panels, first):
 
 def packed_forward(y, x, w, k=_NO_AFFINE, off=_NO_AFFINE, act=0, xp=None):
     """As `conv_forward` for layers `supports_packed` takes (N % 8 == 0), any number of channels and
-    positions: units of PACKED_ROWS filters x one panel of CV positions of an item, each panel's
-    input values packed contiguously (PACKED_KB channels at a time: no stride of a whole map between
-    the rows the microkernel reads), the epilogue applied to each unit's rows. xp: scratch of
+    positions: units of all filters or PACKED_ROWS of them x a run of up to PACKED_PANELS panels of
+    CV positions of an item (`packed_plan`), each panel's input values packed contiguously
+    (PACKED_KB channels at a time: no stride of a whole map between the rows the microkernel
+    reads), the epilogue applied to each unit's rows. xp: scratch of
     `packed_scratch` floats (the panels packed once for all the groups of filters), or None where
     that is 0. Each output is summed over the channels in order: the same bits at any thread
     count. Serial below PARALLEL_MIN_MACS multiply-adds."""
