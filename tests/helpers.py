@@ -211,6 +211,32 @@ def assert_epilogue_is_the_separate_pass(forward, B: int, C: int, N: int, P: int
     assert np.array_equal(y, want)
 
 
+def assert_path_infers_as_the_others(text: str, batch: int, size: int, path: str, taken: list,
+                                     switch, monkeypatch, tol: float = 1e-5) -> list:
+    """Two networks of `text` (inputs of 3 x size x size) with the same parameters: inferring with
+    shared outputs, the first has the layer attribute `path` set exactly on the layers `taken` says;
+    the second, made with the module switch `switch` (module, name) False, on none. Their outputs
+    agree within `tol`, before and after layer 1's weights change, and unsharing the first's
+    outputs takes the path away. Returns the networks."""
+    nets = [network_from_text(text, batch=batch) for _ in range(2)]
+    rng = same_random_parameters(nets, size)
+    x = rng.random((batch, 3, size, size), dtype=np.float32)
+    nets[0].share_outputs()
+    assert [getattr(layer, path) for layer in nets[0].layers] == taken
+    monkeypatch.setattr(*switch, False)
+    nets[1].share_outputs()
+    assert not any(getattr(layer, path) for layer in nets[1].layers)
+    for _ in range(2):
+        got, want = nets[0].predict(x), nets[1].predict(x)
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+        for net in nets:
+            net.layers[1].weights.value[...] *= -1.5
+            net.weights_changed()
+    nets[0].unshare_outputs()
+    assert not any(getattr(layer, path) for layer in nets[0].layers)
+    return nets
+
+
 def same_random_parameters(nets, seed: int) -> np.random.Generator:
     """Give every network of `nets` (one cfg) the same random parameters and BN statistics (rolling
     variances in [0.5, 1.5]); the generator, for the input."""

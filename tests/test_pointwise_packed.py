@@ -11,9 +11,8 @@ import pytest
 import darkpy.layers.convolutional as conv
 from darkpy.kernels import pointwise as pw
 from darkpy.kernels import simd
-from darkpy.network import network_from_text
 
-from helpers import assert_epilogue_is_the_separate_pass, same_random_parameters
+from helpers import assert_epilogue_is_the_separate_pass, assert_path_infers_as_the_others
 
 pytestmark = pytest.mark.skipif(simd.LANES != 16, reason="the kernel is for AVX-512 machines")
 
@@ -103,23 +102,9 @@ def test_network_on_the_path_gives_the_other_paths_outputs(size, batch, monkeypa
     filters, does not); training forwards and a network without it take the GEMM path; the outputs
     agree within float32 rounding, before and after the weights change. Past PACKED_MAX_INPUT_BYTES
     of input the GEMM path takes the layer again."""
-    text = NET.format(s=size)
-    nets = [network_from_text(text, batch=batch) for _ in range(2)]
-    rng = same_random_parameters(nets, size)
-    x = rng.random((batch, 3, size, size), dtype=np.float32)
-    nets[0].share_outputs()
-    assert [layer.pointwise_packed for layer in nets[0].layers] == [False, True, False]
-    monkeypatch.setattr(conv, "POINTWISE_PACKED", False)
-    nets[1].share_outputs()
-    assert not any(layer.pointwise_packed for layer in nets[1].layers)
-    for _ in range(2):
-        got, want = nets[0].predict(x), nets[1].predict(x)
-        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
-        for net in nets:
-            net.layers[1].weights.value[...] *= -1.5
-            net.weights_changed()
-    nets[0].unshare_outputs()
-    assert not any(layer.pointwise_packed for layer in nets[0].layers)
+    nets = assert_path_infers_as_the_others(NET.format(s=size), batch, size, "pointwise_packed",
+                                            [False, True, False], (conv, "POINTWISE_PACKED"),
+                                            monkeypatch, tol=2e-5)
     monkeypatch.setattr(conv, "POINTWISE_PACKED", True)
     monkeypatch.setattr(conv, "PACKED_MAX_INPUT_BYTES", 300 * size * size * 4 * batch - 4)
     nets[0].share_outputs()

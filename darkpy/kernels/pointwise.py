@@ -330,6 +330,14 @@ def _pack(dst, d0, xb, P, v, width, k0, k1):
                 dst[base + j] = 0.0
 
 
+@_jit
+def _pack_ahead(xp, x, bp, npan):
+    """Panel bp % npan of item bp // npan, every channel, into its place in xp."""
+    C, P = x.shape[1], x.shape[2]
+    v = (bp % npan) * CV
+    _pack(xp, bp * C * CV, x[bp // npan].reshape(-1), P, v, min(CV, P - v), 0, C)
+
+
 @njit(cache=True, nogil=True, fastmath={"contract"})
 def _packed_unit(y, x, w, k, off, act, xp, kb, rows, panels, first, u):
     """Unit u of `packed_forward`: item b's filters r0..r1−1 (`rows` of them) at its run of
@@ -379,10 +387,9 @@ def _packed_unit(y, x, w, k, off, act, xp, kb, rows, panels, first, u):
 @njit(cache=True, nogil=True, fastmath={"contract"})
 def _packed_serial(y, x, w, k, off, act, xp, kb, rows, panels, first):
     B, N, P = y.shape
-    npan, C = -(-P // CV), x.shape[1]
+    npan = -(-P // CV)
     for bp in range(B * npan if xp.size else 0):
-        _pack(xp, bp * C * CV, x[bp // npan].reshape(-1), P, (bp % npan) * CV,
-              min(CV, P - (bp % npan) * CV), 0, C)
+        _pack_ahead(xp, x, bp, npan)
     for u in range(B * -(-npan // panels) * -(-N // rows)):
         _packed_unit(y, x, w, k, off, act, xp, kb, rows, panels, first, u)
 
@@ -390,10 +397,9 @@ def _packed_serial(y, x, w, k, off, act, xp, kb, rows, panels, first):
 @njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
 def _packed_parallel(y, x, w, k, off, act, xp, kb, rows, panels, first):
     B, N, P = y.shape
-    npan, C = -(-P // CV), x.shape[1]
+    npan = -(-P // CV)
     for bp in prange(B * npan if xp.size else 0):
-        _pack(xp, bp * C * CV, x[bp // npan].reshape(-1), P, (bp % npan) * CV,
-              min(CV, P - (bp % npan) * CV), 0, C)
+        _pack_ahead(xp, x, bp, npan)
     for u in prange(B * -(-npan // panels) * -(-N // rows)):
         _packed_unit(y, x, w, k, off, act, xp, kb, rows, panels, first, u)
 
