@@ -25,6 +25,7 @@ from darkpy.kernels import direct_fv as fv
 from darkpy.kernels import direct_fv_border as fvb
 from darkpy.kernels import direct_wgrad as dwg
 from darkpy.kernels import gemm
+from darkpy.kernels import pointwise as pw
 from darkpy.kernels import simd
 from darkpy.kernels import winograd as wg
 from darkpy.kernels import winograd_fused as wgf
@@ -149,7 +150,7 @@ def _maxpool_args(kind):
     if kind == "odd":                   # 3x3 maps -> 2x2
         return (np.zeros((12, 2), np.float32), np.zeros((12, 2), np.int32), _f32(2, 3, 3, 3).reshape(18, 3),
                 3, 2, 3, 2, True)
-    return np.zeros((2, 48), np.float32), _f32(2, 12), np.zeros((2, 12), np.int32)
+    return np.zeros((2, 48), np.float32), _f32(2, 12), np.zeros((2, 12), np.int32), True
 
 
 def _shortcut_args(kind):
@@ -233,6 +234,9 @@ CASES = {
                                                             np.empty(0, np.float32))),
     "split sgemm": (cblas.split_stacked_sgemm, lambda: (0, 0, cblas.NO_TRANS, 8, 0, 0, cblas.NO_TRANS, 24, 0,
                                                         16, 24, 8, 1, 2, True)),
+    "packed 1x1": (pw._packed_parallel, lambda: (np.zeros((1, 16, 40), np.float32), _f32(1, 8, 40), _f32(16, 8),
+                                              np.ones(16), np.zeros(16), act.LEAKY, _f32(2 * 8 * 2 * simd.LANES),
+                                              256, 8, 1, True)),
     "gemm packing": (gemm.pack_transposed, lambda: (_f32(3 * simd.LANES * 5), _f32(3 * simd.LANES, 5))),
     "layernorm forward": (layernorm.layernorm_forward, lambda: (_f32(4, 20), _f32(4, 20), _f32(4, 1), _f32(4, 20, seed=1),
                                                                 _f32(20), _f32(20, seed=2), 1e-5)),

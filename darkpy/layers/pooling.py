@@ -280,7 +280,8 @@ def maxpool_backward(prev_delta, delta, idx, fresh):
 @jit(inline="always")
 def _maxpool_backward_item(prev_delta, delta, idx, b, fresh):
     if fresh:
-        prev_delta[b, :] = 0
+        for i in range(prev_delta.shape[1]):    # (a loop: `[b, :] = 0` is a parallel region)
+            prev_delta[b, i] = 0
     for k in range(delta.shape[1]):
         i = idx[b, k]
         if i >= 0:
