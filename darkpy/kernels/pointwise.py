@@ -273,7 +273,7 @@ def blas_forward(y, x, w, k=_NO_AFFINE, off=_NO_AFFINE, act=0):
     _blas_units(y, x, w, k, off, act, cols, fblock)
 
 
-# -- the packed path: larger layers on darkpy's microkernel ------------------------------------------
+# -- the packed path: larger layers on darkpy's microkernel ---------------------------------------
 #: k per pass over a packed panel (KB x CV input values: 32 KB, in the L1 cache while every block of
 #: eight filters of the unit reads it) and filters per unit (a multiple of 8).
 PACKED_KB = 256

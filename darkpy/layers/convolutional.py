@@ -180,6 +180,7 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         self.direct = False
         self.direct_fv = False
         self.pointwise = self.pointwise_large = self.pointwise_packed = False
+        self.packed_ahead = 0
         self._kept_wt = None                        # direct_fv's filters_last layout, once made
         self._wt_flipped = np.zeros((0,), self.dtype)   # ... and its input gradient's
         self.wchunk = 1
@@ -313,10 +314,14 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
         taken = taken or self.pointwise_large
         self.pointwise_packed = (not taken and POINTWISE_PACKED and cols >= PACKED_MIN_POSITIONS
                                  and batch * self.in_shape[0] * cols * 4 <= PACKED_MAX_INPUT_BYTES
-                                 and pw.supports_packed(*geometry[:7], self.inference_only, self.dtype))
+                                 and pw.supports_packed(*geometry[:7], self.inference_only,
+                                                        self.dtype))
         taken = taken or self.pointwise_packed
-        if self.pointwise_packed:
-            ic.reserve(pw.packed_scratch(batch, self.n, self.in_shape[0], cols), self.dtype)
+        #: floats of the packed path's input packed ahead (`pw.packed_scratch`), else 0
+        self.packed_ahead = (pw.packed_scratch(batch, self.n, self.in_shape[0], cols)
+                             if self.pointwise_packed else 0)
+        if self.packed_ahead:
+            ic.reserve(self.packed_ahead, self.dtype)
         # a 1x1 layer on a 1x1 map (a classifier's last layer) is a connected layer: one GEMM of the
         # batch's rows, (B, c) @ Wᵀ, straight from the input into the output (instead of B GEMVs:
         # darknet.cfg's 1024 -> 1000 at b64 ran at 55 GFLOP/s)
@@ -500,10 +505,10 @@ class ConvolutionalLayer(DirectFvConv, WinogradConv, AveragedConv, GemmConv, Lay
                             self.weights.value.reshape(self.n, -1), *self._epilogue(s.train))
         elif self.pointwise_packed:
             c, p = self.in_shape[0], oh * ow
-            scratch = pw.packed_scratch(self.batch, self.n, c, p)
             pw.packed_forward(y.reshape(self.batch, self.n, p), x.reshape(self.batch, c, p),
                               self.weights.value.reshape(self.n, c), *self._epilogue(s.train),
-                              xp=ic.get((scratch,), self.dtype) if scratch else None)
+                              xp=ic.get((self.packed_ahead,), self.dtype) if self.packed_ahead
+                              else None)
         elif self._on_pointwise_large():
             blas.pointwise(y.reshape(self.batch, self.n, -1),
                            x.reshape(self.batch, self.in_shape[0], -1),
